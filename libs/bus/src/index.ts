@@ -1,0 +1,315 @@
+/**
+ * The one bus helper: a NATS connection with JetStream, stream declarations, the outbox relay,
+ * and durable idempotent consumers. Trace context rides in message headers.
+ */
+import { connect } from "@nats-io/transport-node";
+import { headers as natsHeaders, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/nats-core";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  jetstream,
+  jetstreamManager,
+  type JetStreamClient,
+  type JetStreamManager,
+  type JsMsg,
+} from "@nats-io/jetstream";
+import pg from "pg";
+import type { Logger } from "@platform/logger";
+import { claimEvent, type MikroORM, type EntityManager } from "@platform/db";
+import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
+import { streams, type StreamDeclaration } from "./subjects.ts";
+
+export * as subjects from "./subjects.ts";
+export type { NatsConnection, JetStreamClient, JetStreamManager, JsMsg, MsgHdrs, Subscription };
+
+export interface Bus {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  jsm: JetStreamManager;
+  /** Prefix of subjects and streams (empty in production; unique per test run). */
+  prefix: string;
+  subject(name: string): string;
+  close(): Promise<void>;
+}
+
+export interface BusOptions {
+  url: string;
+  name: string;
+  prefix?: string;
+  logger?: Logger;
+}
+
+export async function connectBus(opts: BusOptions): Promise<Bus> {
+  const nc = await connect({
+    servers: opts.url,
+    name: opts.name,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 500,
+  });
+  const jsm = await jetstreamManager(nc);
+  const js = jetstream(nc);
+  const prefix = opts.prefix ?? "";
+  await declareStreams(jsm, prefix);
+  return {
+    nc,
+    js,
+    jsm,
+    prefix,
+    subject: (name) => (prefix ? `${prefix}.${name}` : name),
+    async close() {
+      await nc.drain().catch(() => undefined);
+    },
+  };
+}
+
+async function declareStream(jsm: JetStreamManager, s: StreamDeclaration): Promise<void> {
+  const config = {
+    name: s.name,
+    subjects: s.subjects,
+    max_age: s.maxAgeSeconds * 1_000_000_000,
+    duplicate_window: 2 * 60 * 1_000_000_000,
+  };
+  try {
+    await jsm.streams.info(s.name);
+    await jsm.streams.update(s.name, config);
+  } catch {
+    await jsm.streams.add(config).catch(async (err: unknown) => {
+      // Another process declared it first.
+      await jsm.streams.info(s.name).catch(() => {
+        throw err;
+      });
+    });
+  }
+}
+
+export async function declareStreams(jsm: JetStreamManager, prefix = ""): Promise<void> {
+  for (const s of Object.values(streams(prefix))) await declareStream(jsm, s);
+}
+
+export function traceHeaders(): MsgHdrs {
+  const h = natsHeaders();
+  injectTraceContext({ set: (k, v) => h.set(k, v), get: (k) => h.get(k) });
+  return h;
+}
+
+function headersCarrier(h: MsgHdrs | undefined) {
+  return { set: (k: string, v: string) => h?.set(k, v), get: (k: string) => h?.get(k) ?? "" };
+}
+
+export interface OutboxRelayOptions {
+  orm: MikroORM;
+  bus: Bus;
+  databaseUrl: string;
+  schema: string;
+  logger: Logger;
+  /** Fallback poll interval; NOTIFY wakes the relay at once on commit. */
+  pollMs?: number;
+}
+
+export interface OutboxRelay {
+  /** Publishes everything pending now; resolves when the outbox is empty. */
+  flush(): Promise<number>;
+  stop(): Promise<void>;
+}
+
+/**
+ * Publishes committed outbox rows in order. Rows are locked with SKIP LOCKED, so several
+ * replicas of a service can run relays side by side without publishing a row twice in a row;
+ * a publish repeated after a crash carries the same `Nats-Msg-Id` and is dropped by JetStream.
+ */
+export async function startOutboxRelay(opts: OutboxRelayOptions): Promise<OutboxRelay> {
+  const channel = `${opts.schema}_outbox`;
+  const listener = new pg.Client({ connectionString: opts.databaseUrl });
+  let stopped = false;
+  let running: Promise<number> | null = null;
+  let again = false;
+
+  const publishBatch = async (): Promise<number> => {
+    const em = opts.orm.em.fork();
+    return em.transactional(async (tx) => {
+      const conn = tx.getConnection();
+      const rows = await conn.execute<{ id: string; subject: string; payload: unknown; headers: Record<string, string> }[]>(
+        "select id, subject, payload, headers from outbox where published_at is null order by seq limit 100 for update skip locked",
+        [],
+        "all",
+        tx.getTransactionContext(),
+      );
+      for (const row of rows) {
+        const h = natsHeaders();
+        for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
+        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, ...(row.payload as object) }), {
+          msgID: row.id,
+          headers: h,
+        });
+      }
+      if (rows.length > 0) {
+        await conn.execute("update outbox set published_at = now() where id = any(?)", [rows.map((r) => r.id)], "run", tx.getTransactionContext());
+      }
+      return rows.length;
+    });
+  };
+
+  const drain = async (): Promise<number> => {
+    let total = 0;
+    for (;;) {
+      const n = await publishBatch();
+      total += n;
+      if (n < 100) return total;
+    }
+  };
+
+  const kick = (): Promise<number> => {
+    if (running) {
+      again = true;
+      return running;
+    }
+    running = (async () => {
+      let total = 0;
+      try {
+        do {
+          again = false;
+          total += await drain();
+        } while (again && !stopped);
+      } catch (err) {
+        if (!stopped) opts.logger.warn({ err }, "outbox relay could not publish; will retry");
+      } finally {
+        running = null;
+      }
+      return total;
+    })();
+    return running;
+  };
+
+  await listener.connect();
+  listener.on("notification", () => void kick());
+  listener.on("error", (err) => opts.logger.warn({ err }, "outbox listener connection failed"));
+  await listener.query(`listen ${pg.escapeIdentifier(channel)}`);
+  const timer = setInterval(() => void kick(), opts.pollMs ?? 1000);
+  void kick();
+
+  return {
+    flush: async () => {
+      let total = 0;
+      while (running) total += await running;
+      return total + (await kick());
+    },
+    async stop() {
+      stopped = true;
+      clearInterval(timer);
+      await running?.catch(() => undefined);
+      await listener.end().catch(() => undefined);
+    },
+  };
+}
+
+/** Wakes the relay of `schema` right after a transaction that enqueued events commits. */
+export async function notifyOutbox(em: EntityManager, schema: string): Promise<void> {
+  await em.getConnection().execute(`select pg_notify(?, '')`, [`${schema}_outbox`]);
+}
+
+export interface EventEnvelope {
+  id: string;
+  [key: string]: unknown;
+}
+
+export interface ConsumerOptions {
+  bus: Bus;
+  stream: string;
+  durable: string;
+  filterSubject: string;
+  logger: Logger;
+  handle: (msg: JsMsg) => Promise<void>;
+}
+
+export interface RunningConsumer {
+  stop(): Promise<void>;
+}
+
+/**
+ * A durable pull consumer whose `consume()` loop re-establishes itself after any failure.
+ * A handler that throws naks the message with a delay; JetStream redelivers it.
+ */
+export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsumer> {
+  const { jsm, js } = opts.bus;
+  await jsm.consumers
+    .add(opts.stream, {
+      durable_name: opts.durable,
+      filter_subject: opts.filterSubject,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: 30_000_000_000,
+      max_deliver: -1,
+    })
+    .catch(async (err: unknown) => {
+      await jsm.consumers.info(opts.stream, opts.durable).catch(() => {
+        throw err;
+      });
+    });
+  let stopped = false;
+  let current: { close(): Promise<void | Error> } | null = null;
+  const loop = (async () => {
+    while (!stopped) {
+      try {
+        const consumer = await js.consumers.get(opts.stream, opts.durable);
+        const messages = await consumer.consume({ max_messages: 64 });
+        current = messages;
+        for await (const msg of messages) {
+          const parent = extractTraceContext(headersCarrier(msg.headers));
+          try {
+            await withSpan(`consume ${msg.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } }, () => opts.handle(msg));
+            msg.ack();
+          } catch (err) {
+            opts.logger.warn({ err, subject: msg.subject }, "event handler failed; redelivering");
+            msg.nak(1000);
+          }
+          if (stopped) break;
+        }
+      } catch (err) {
+        if (!stopped) {
+          opts.logger.warn({ err, durable: opts.durable }, "consumer failed; re-establishing");
+          await new Promise((r) => setTimeout(r, 1000));
+        }
+      }
+    }
+  })();
+  return {
+    async stop() {
+      stopped = true;
+      await current?.close();
+      await loop;
+    },
+  };
+}
+
+/**
+ * Runs `handle` at most once per event id for `consumer`: the ledger row and the handler's
+ * writes commit together, so a redelivered or duplicated message is acknowledged and dropped.
+ */
+export async function handleOnce(
+  orm: MikroORM,
+  consumer: string,
+  msg: JsMsg,
+  handle: (em: EntityManager, event: EventEnvelope) => Promise<void>,
+): Promise<boolean> {
+  const event = msg.json<EventEnvelope>();
+  return orm.em.fork().transactional(async (em) => {
+    if (!(await claimEvent(em, consumer, event.id))) return false;
+    await handle(em, event);
+    return true;
+  });
+}
+
+/** Plain NATS subscription (every replica sees every message), with trace context continued. */
+export function subscribe(bus: Bus, subject: string, handle: (data: EventEnvelope) => void | Promise<void>, logger: Logger): Subscription {
+  const sub = bus.nc.subscribe(bus.subject(subject));
+  void (async () => {
+    for await (const m of sub) {
+      try {
+        await handle(m.json<EventEnvelope>());
+      } catch (err) {
+        logger.warn({ err, subject }, "subscription handler failed");
+      }
+    }
+  })();
+  return sub;
+}

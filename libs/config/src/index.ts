@@ -1,0 +1,266 @@
+/**
+ * The one config loader. Every process describes the variables it reads as a spec, and
+ * `loadConfig` validates them once at start. A bad or missing variable fails with one line
+ * that names it, so an operator never has to read a stack trace to fix a deployment.
+ */
+
+export const SERVICES = [
+  "identity",
+  "apps-builds",
+  "deploy-queue",
+  "domains-dns",
+  "mailer",
+  "storage",
+  "hooks",
+  "health-aggregator",
+] as const;
+export type ServiceName = (typeof SERVICES)[number];
+
+/** Default RPC port of each service; the same numbers are used in compose and Kubernetes. */
+export const SERVICE_PORTS: Record<ServiceName, number> = {
+  identity: 7001,
+  "apps-builds": 7002,
+  "deploy-queue": 7003,
+  "domains-dns": 7004,
+  mailer: 7005,
+  storage: 7006,
+  hooks: 7007,
+  "health-aggregator": 7008,
+};
+export const GATEWAY_PORT = 8080;
+export const AGENT_HEALTH_PORT = 7100;
+
+/** `IDENTITY_URL`, `APPS_BUILDS_URL`, ...: where a client finds a service. */
+export function serviceUrlVar(name: ServiceName): string {
+  return `${name.toUpperCase().replaceAll("-", "_")}_URL`;
+}
+
+/** Postgres schema owned by a service: `apps-builds` owns `apps_builds`. */
+export function serviceSchema(name: ServiceName): string {
+  return name.replaceAll("-", "_");
+}
+
+type VarType = "string" | "url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum";
+
+export interface VarSpec {
+  type: VarType;
+  /** Used when the variable is unset or empty. A spec without a default is required. */
+  default?: string;
+  /** Unset is fine and reads as undefined. */
+  optional?: boolean;
+  values?: readonly string[];
+  description: string;
+}
+
+export type EnvSpec = Record<string, VarSpec>;
+
+type ValueOf<V extends VarSpec> = V["type"] extends "port" | "int"
+  ? number
+  : V["type"] extends "bool"
+    ? boolean
+    : string;
+
+export type Config<S extends EnvSpec> = {
+  readonly [K in keyof S]: S[K]["optional"] extends true
+    ? S[K]["default"] extends string
+      ? ValueOf<S[K]>
+      : ValueOf<S[K]> | undefined
+    : ValueOf<S[K]>;
+};
+
+export class ConfigError extends Error {
+  readonly variable: string;
+  constructor(variable: string, problem: string) {
+    super(`Invalid environment variable ${variable}: ${problem}`);
+    this.name = "ConfigError";
+    this.variable = variable;
+  }
+}
+
+function parseValue(name: string, spec: VarSpec, raw: string): string | number | boolean {
+  const shown = raw.length > 60 ? `${raw.slice(0, 57)}...` : raw;
+  switch (spec.type) {
+    case "string":
+      return raw;
+    case "enum":
+      if (!spec.values?.includes(raw)) {
+        throw new ConfigError(name, `must be one of ${spec.values?.join(", ")} (got '${shown}')`);
+      }
+      return raw;
+    case "bool":
+      if (["true", "1", "yes"].includes(raw.toLowerCase())) return true;
+      if (["false", "0", "no"].includes(raw.toLowerCase())) return false;
+      throw new ConfigError(name, `must be true or false (got '${shown}')`);
+    case "int":
+    case "port": {
+      const n = Number(raw);
+      if (!/^\d+$/.test(raw) || !Number.isSafeInteger(n)) {
+        throw new ConfigError(name, `must be a whole number (got '${shown}')`);
+      }
+      if (spec.type === "port" && n > 65535) {
+        throw new ConfigError(name, `must be a port between 0 and 65535 (got '${shown}')`);
+      }
+      return n;
+    }
+    case "url":
+    case "postgres-url":
+    case "nats-url": {
+      let url: URL;
+      try {
+        url = new URL(raw);
+      } catch {
+        throw new ConfigError(name, `must be a URL (got '${shown}')`);
+      }
+      const schemes =
+        spec.type === "postgres-url"
+          ? ["postgres:", "postgresql:"]
+          : spec.type === "nats-url"
+            ? ["nats:", "tls:", "ws:", "wss:"]
+            : ["http:", "https:"];
+      if (!schemes.includes(url.protocol)) {
+        throw new ConfigError(name, `must use ${schemes.map((s) => `${s}//`).join(" or ")} (got '${shown}')`);
+      }
+      return raw;
+    }
+  }
+}
+
+export function loadConfig<S extends EnvSpec>(spec: S, env: NodeJS.ProcessEnv = process.env): Config<S> {
+  const out: Record<string, unknown> = {};
+  for (const [name, varSpec] of Object.entries(spec)) {
+    const raw = env[name];
+    const value = raw === undefined || raw === "" ? varSpec.default : raw;
+    if (value === undefined) {
+      if (varSpec.optional) {
+        out[name] = undefined;
+        continue;
+      }
+      throw new ConfigError(name, `is required (${varSpec.description})`);
+    }
+    out[name] = parseValue(name, varSpec, value);
+  }
+  return Object.freeze(out) as Config<S>;
+}
+
+/**
+ * Process entry helper: load the config or print the one line and exit non-zero.
+ */
+export function loadConfigOrExit<S extends EnvSpec>(spec: S, env: NodeJS.ProcessEnv = process.env): Config<S> {
+  try {
+    return loadConfig(spec, env);
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${err.message}\n`);
+      process.exit(1);
+    }
+    throw err;
+  }
+}
+
+const common = {
+  NATS_URL: { type: "nats-url", default: "nats://127.0.0.1:4222", description: "NATS server with JetStream" },
+  PLATFORM_ENVIRONMENT: { type: "string", default: "dev", description: "name of this environment" },
+  PLATFORM_DOMAIN: { type: "string", default: "localhost", description: "domain apps are served under" },
+  LOG_LEVEL: {
+    type: "enum",
+    default: "info",
+    values: ["trace", "debug", "info", "warn", "error", "fatal", "silent"],
+    description: "pino log level",
+  },
+  OTEL_EXPORTER_OTLP_ENDPOINT: { type: "url", optional: true, description: "OTLP/HTTP collector; traces are exported when set" },
+  BUS_PREFIX: {
+    type: "string",
+    default: "",
+    optional: true,
+    description: "prefix of every NATS subject and stream, isolating fleets that share one server (tests)",
+  },
+} as const satisfies EnvSpec;
+
+const database = {
+  DATABASE_URL: {
+    type: "postgres-url",
+    default: "postgres://postgres@127.0.0.1:5432/platform",
+    description: "Postgres database holding every service's schema",
+  },
+} as const satisfies EnvSpec;
+
+function rpcPort(name: ServiceName) {
+  return {
+    RPC_PORT: {
+      type: "port",
+      default: String(SERVICE_PORTS[name]),
+      description: "port of the service's Connect RPC and health endpoints",
+    },
+    RPC_HOST: { type: "string", default: "127.0.0.1", description: "address the RPC server binds" },
+  } as const satisfies EnvSpec;
+}
+
+function serviceUrl(name: ServiceName): EnvSpec {
+  return {
+    [serviceUrlVar(name)]: {
+      type: "url",
+      default: `http://127.0.0.1:${SERVICE_PORTS[name]}`,
+      description: `base URL of the ${name} service`,
+    },
+  };
+}
+
+/** Every service shares this shape: its own port, Postgres, NATS. */
+export function serviceEnv(name: ServiceName) {
+  return { ...common, ...database, ...rpcPort(name) } as const;
+}
+
+export const identityEnv = {
+  ...serviceEnv("identity"),
+  PLATFORM_ROOT_KEY: {
+    type: "string",
+    optional: true,
+    description: "the environment's root API key (pf_k1_...), seeded on first start",
+  },
+} as const satisfies EnvSpec;
+
+export const gatewayEnv = {
+  ...common,
+  PORT: { type: "port", default: String(GATEWAY_PORT), description: "HTTP port of the /api gateway" },
+  HOST: { type: "string", default: "127.0.0.1", description: "address the gateway binds" },
+  ...(serviceUrl("identity") as Record<"IDENTITY_URL", VarSpec>),
+  ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
+  ...(serviceUrl("deploy-queue") as Record<"DEPLOY_QUEUE_URL", VarSpec>),
+  ...(serviceUrl("domains-dns") as Record<"DOMAINS_DNS_URL", VarSpec>),
+  ...(serviceUrl("mailer") as Record<"MAILER_URL", VarSpec>),
+  ...(serviceUrl("storage") as Record<"STORAGE_URL", VarSpec>),
+  ...(serviceUrl("hooks") as Record<"HOOKS_URL", VarSpec>),
+  ...(serviceUrl("health-aggregator") as Record<"HEALTH_AGGREGATOR_URL", VarSpec>),
+  CREDENTIAL_CACHE_TTL_MS: {
+    type: "int",
+    default: "30000",
+    description: "how long a verified credential is trusted without asking identity",
+  },
+  BODY_LIMIT_BYTES: { type: "int", default: "1048576", description: "largest accepted request body" },
+} as const satisfies EnvSpec;
+
+export const agentEnv = {
+  ...common,
+  AGENT_HOST_ID: { type: "string", default: "local", description: "identity of this host in the fleet" },
+  AGENT_HEALTH_PORT: {
+    type: "port",
+    default: String(AGENT_HEALTH_PORT),
+    description: "port of the agent's /healthz and /readyz",
+  },
+  AGENT_HEALTH_HOST: { type: "string", default: "127.0.0.1", description: "address the health server binds" },
+  ...(serviceUrl("deploy-queue") as Record<"DEPLOY_QUEUE_URL", VarSpec>),
+} as const satisfies EnvSpec;
+
+/** The variables each process of the fleet reads; deploy files are checked against this. */
+export const FLEET_ENV: Record<ServiceName | "gateway" | "agent", EnvSpec> = {
+  identity: identityEnv,
+  "apps-builds": serviceEnv("apps-builds"),
+  "deploy-queue": serviceEnv("deploy-queue"),
+  "domains-dns": serviceEnv("domains-dns"),
+  mailer: serviceEnv("mailer"),
+  storage: serviceEnv("storage"),
+  hooks: serviceEnv("hooks"),
+  "health-aggregator": serviceEnv("health-aggregator"),
+  gateway: gatewayEnv,
+  agent: agentEnv,
+};

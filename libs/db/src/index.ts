@@ -1,0 +1,121 @@
+/**
+ * MikroORM 7 on Postgres, one schema per service. Migrations are plain classes listed by each
+ * service and applied at start under an advisory lock, so replicas starting together never
+ * race each other into a half-applied schema.
+ */
+import pg from "pg";
+import { MikroORM, type EntityManager } from "@mikro-orm/postgresql";
+import { Migrator, Migration } from "@mikro-orm/migrations";
+import type { AnyEntity, EntitySchema, MigrationObject } from "@mikro-orm/core";
+import type { Logger } from "@platform/logger";
+import { OutboxEvent, ProcessedEvent, outboxMigration } from "./outbox.ts";
+
+export { MikroORM, Migration, type EntityManager, type MigrationObject };
+export { OutboxEvent, ProcessedEvent, enqueueEvent, claimEvent } from "./outbox.ts";
+
+export interface DatabaseOptions {
+  url: string;
+  /** The service's own Postgres schema; every table of its entities lives there. */
+  schema: string;
+  // EntitySchema's generics differ per entity; the list only needs to be handed to MikroORM.
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  entities: EntitySchema<any, any>[];
+  migrations: MigrationObject[];
+  logger?: Logger;
+  poolMax?: number;
+}
+
+/** Creates the database named in the URL when it does not exist yet (a fresh machine). */
+export async function ensureDatabase(url: string): Promise<void> {
+  const target = new URL(url);
+  const name = decodeURIComponent(target.pathname.slice(1));
+  if (!name) return;
+  const admin = new URL(url);
+  admin.pathname = "/postgres";
+  const client = new pg.Client({ connectionString: admin.toString() });
+  await client.connect();
+  try {
+    const found = await client.query("select 1 from pg_database where datname = $1", [name]);
+    if (found.rowCount === 0) {
+      await client.query(`create database ${pg.escapeIdentifier(name)}`).catch((err: { code?: string }) => {
+        // Another process created it between our check and our create.
+        if (err.code !== "42P04" && err.code !== "23505") throw err;
+      });
+    }
+  } finally {
+    await client.end();
+  }
+}
+
+export async function openDatabase(opts: DatabaseOptions): Promise<MikroORM> {
+  await ensureDatabase(opts.url);
+  const orm = await MikroORM.init({
+    clientUrl: opts.url,
+    // Every pooled connection resolves unqualified names in the service's own schema, so raw SQL
+    // (outbox relay, ledgers) never reaches another service's tables by accident.
+    driverOptions: { options: `-c search_path=${opts.schema}` },
+    schema: opts.schema,
+    entities: [...opts.entities, OutboxEvent, ProcessedEvent],
+    extensions: [Migrator],
+    pool: { min: 0, max: opts.poolMax ?? 10 },
+    migrations: {
+      schema: opts.schema,
+      tableName: "mikro_orm_migrations",
+      migrationsList: [outboxMigration, ...opts.migrations],
+      snapshot: false,
+      snapshotOnMigrate: false,
+      silent: true,
+    },
+    allowGlobalContext: false,
+    debug: false,
+  });
+  try {
+    await migrateUnderLock(orm, opts);
+  } catch (err) {
+    await orm.close(true);
+    throw err;
+  }
+  return orm;
+}
+
+/**
+ * Applies pending migrations while holding a session advisory lock keyed by the schema, taken
+ * on a connection of its own so the lock outlives each pooled query.
+ */
+async function migrateUnderLock(orm: MikroORM, opts: DatabaseOptions): Promise<void> {
+  const lock = new pg.Client({ connectionString: opts.url });
+  await lock.connect();
+  try {
+    await lock.query("select pg_advisory_lock(hashtext($1))", [`platform.migrate.${opts.schema}`]);
+    await lock.query(`create schema if not exists ${pg.escapeIdentifier(opts.schema)}`);
+    const applied = await orm.migrator.up();
+    if (applied.length > 0) opts.logger?.info({ schema: opts.schema, migrations: applied.map((m) => m.name) }, "migrations applied");
+    await lock.query("select pg_advisory_unlock(hashtext($1))", [`platform.migrate.${opts.schema}`]);
+  } finally {
+    await lock.end();
+  }
+}
+
+export interface DatabaseFacts {
+  database: string;
+  tables?: number;
+}
+
+/** "ok" or the reason the database cannot be reached; with `deep`, the platform's table count. */
+export async function databaseFacts(orm: MikroORM, deep = false): Promise<DatabaseFacts> {
+  try {
+    const em = orm.em.fork();
+    await em.getConnection().execute("select 1");
+    if (!deep) return { database: "ok" };
+    const [row] = await em
+      .getConnection()
+      .execute<{ n: string }[]>(
+        "select count(*)::text as n from information_schema.tables where table_schema not in ('pg_catalog', 'information_schema') and table_type = 'BASE TABLE'",
+      );
+    return { database: "ok", tables: Number(row?.n ?? 0) };
+  } catch (err) {
+    return { database: err instanceof Error ? err.message : String(err) };
+  }
+}
+
+export type { AnyEntity };

@@ -1,0 +1,90 @@
+/**
+ * The transactional outbox and the idempotent-consumer ledger, present in every service schema.
+ * A domain write and the event announcing it commit in one transaction; the bus relay publishes
+ * the row later with `Nats-Msg-Id` = event id, so a crash between commit and publish loses nothing
+ * and a publish repeated after a crash is dropped by JetStream's duplicate window.
+ */
+import { randomUUID } from "node:crypto";
+import { defineEntity, p } from "@mikro-orm/core";
+import { Migration } from "@mikro-orm/migrations";
+import type { EntityManager } from "@mikro-orm/postgresql";
+import { injectTraceContext } from "@platform/telemetry";
+
+export const OutboxEventSchema = defineEntity({
+  name: "OutboxEvent",
+  tableName: "outbox",
+  properties: {
+    id: p.uuid().primary(),
+    seq: p.bigint().autoincrement().unique(),
+    subject: p.text(),
+    payload: p.json<Record<string, unknown>>(),
+    headers: p.json<Record<string, string>>(),
+    createdAt: p.datetime().defaultRaw("now()"),
+    publishedAt: p.datetime().nullable(),
+  },
+});
+export class OutboxEvent extends OutboxEventSchema.class {}
+OutboxEventSchema.setClass(OutboxEvent);
+
+export const ProcessedEventSchema = defineEntity({
+  name: "ProcessedEvent",
+  tableName: "processed_events",
+  properties: {
+    consumer: p.text().primary(),
+    eventId: p.text().primary(),
+    processedAt: p.datetime().defaultRaw("now()"),
+  },
+});
+export class ProcessedEvent extends ProcessedEventSchema.class {}
+ProcessedEventSchema.setClass(ProcessedEvent);
+
+class OutboxTables extends Migration {
+  override up(): void {
+    this.addSql(`create table outbox (
+      id uuid primary key,
+      seq bigserial unique,
+      subject text not null,
+      payload jsonb not null,
+      headers jsonb not null,
+      created_at timestamptz not null default now(),
+      published_at timestamptz null
+    )`);
+    this.addSql("create index outbox_unpublished on outbox (seq) where published_at is null");
+    this.addSql(`create table processed_events (
+      consumer text not null,
+      event_id text not null,
+      processed_at timestamptz not null default now(),
+      primary key (consumer, event_id)
+    )`);
+  }
+}
+
+export const outboxMigration = { name: "0000_outbox", class: OutboxTables };
+
+/**
+ * Adds an event to the outbox of the transaction `em` belongs to. The current trace context
+ * goes with it, so the consumer's work joins the trace of the request that caused it.
+ */
+export function enqueueEvent(em: EntityManager, subject: string, payload: Record<string, unknown>): string {
+  const id = randomUUID();
+  const headers: Record<string, string> = {};
+  injectTraceContext({ set: (k, v) => void (headers[k] = v), get: (k) => headers[k] });
+  em.create(OutboxEvent, { id, subject, payload, headers });
+  return id;
+}
+
+/**
+ * Records that `consumer` handled `eventId`, inside the transaction doing the handling. False
+ * means it was handled before: the caller acknowledges and does nothing.
+ */
+export async function claimEvent(em: EntityManager, consumer: string, eventId: string): Promise<boolean> {
+  const rows = await em
+    .getConnection()
+    .execute<{ event_id: string }[]>(
+      "insert into processed_events (consumer, event_id) values (?, ?) on conflict do nothing returning event_id",
+      [consumer, eventId],
+      "all",
+      em.getTransactionContext(),
+    );
+  return rows.length > 0;
+}

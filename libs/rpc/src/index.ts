@@ -1,0 +1,179 @@
+/**
+ * Connect RPC for the fleet: one server shape (HTTP/2 cleartext and HTTP/1.1 on one port, with
+ * /healthz and /readyz beside the RPC routes), one client shape (deadline by default), and one
+ * mapping of errors in each direction.
+ */
+import http from "node:http";
+import http2 from "node:http2";
+import net from "node:net";
+import type { DescService } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import {
+  Code,
+  ConnectError,
+  createClient,
+  type Client,
+  type ConnectRouter,
+  type Interceptor,
+} from "@connectrpc/connect";
+import { connectNodeAdapter, createConnectTransport } from "@connectrpc/connect-node";
+import { PlatformError, fromConnectError, toConnectError } from "@platform/errors";
+import { CallerSchema, type Caller } from "@platform/proto";
+import type { Logger } from "@platform/logger";
+import { SpanKind, extractTraceContext, injectTraceContext, withSpan } from "@platform/telemetry";
+
+export type { Caller };
+
+/** Server side: trace context in, PlatformError out as a Connect error, nothing internal leaked. */
+function serverInterceptor(logger: Logger): Interceptor {
+  return (next) => async (req) => {
+    const parent = extractTraceContext(req.header);
+    return withSpan(
+      `${req.service.typeName}/${req.method.name}`,
+      { kind: SpanKind.SERVER, parent, attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name } },
+      async () => {
+        try {
+          return await next(req);
+        } catch (err) {
+          if (err instanceof PlatformError) throw toConnectError(err);
+          if (err instanceof ConnectError) throw err;
+          logger.error({ err, rpc: req.method.name }, "unhandled error in RPC handler");
+          throw new ConnectError("Internal server error.", Code.Internal);
+        }
+      },
+    );
+  };
+}
+
+/** Client side: trace context out, Connect errors back into PlatformError. */
+const clientInterceptor: Interceptor = (next) => async (req) => {
+  return withSpan(
+    `${req.service.typeName}/${req.method.name}`,
+    { kind: SpanKind.CLIENT, attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name } },
+    async () => {
+      injectTraceContext(req.header);
+      try {
+        return await next(req);
+      } catch (err) {
+        throw err instanceof ConnectError ? fromConnectError(err) : err;
+      }
+    },
+  );
+};
+
+export interface ReadinessFacts {
+  ready: boolean;
+  [key: string]: unknown;
+}
+
+export interface RpcServerOptions {
+  port: number;
+  host: string;
+  routes: (router: ConnectRouter) => void;
+  readiness: () => Promise<ReadinessFacts>;
+  logger: Logger;
+}
+
+export interface RpcServer {
+  port: number;
+  close(): Promise<void>;
+}
+
+const HTTP2_PREFACE = "PRI * HTTP/2.0";
+
+/**
+ * Serves Connect on one port for both h2c (prior knowledge, what Connect and gRPC clients use)
+ * and HTTP/1.1 (what probes and curl use). Node's cleartext HTTP/2 server cannot fall back to
+ * HTTP/1.1 by itself, so the first bytes of each connection decide which server takes it.
+ */
+export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer> {
+  const rpcHandler = connectNodeAdapter({
+    routes: opts.routes,
+    interceptors: [serverInterceptor(opts.logger)],
+    grpc: true,
+    grpcWeb: false,
+  });
+  const handle = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => {
+    const path = req.url?.split("?")[0];
+    if (req.method === "GET" && (path === "/healthz" || path === "/readyz")) {
+      const respond = (status: number, body: unknown) => {
+        (res as http.ServerResponse).writeHead(status, { "content-type": "application/json", "cache-control": "no-store" });
+        (res as http.ServerResponse).end(JSON.stringify(body));
+      };
+      if (path === "/healthz") return respond(200, { status: "ok" });
+      opts.readiness().then(
+        (facts) => respond(facts.ready ? 200 : 503, facts),
+        (err: unknown) => respond(503, { ready: false, error: err instanceof Error ? err.message : String(err) }),
+      );
+      return;
+    }
+    rpcHandler(req as http.IncomingMessage, res as http.ServerResponse);
+  };
+  const h1 = http.createServer(handle);
+  const h2 = http2.createServer({}, handle);
+  const sockets = new Set<net.Socket>();
+  const front = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+    socket.once("readable", () => {
+      const head = socket.read(HTTP2_PREFACE.length) as Buffer | null;
+      if (head === null) {
+        // Fewer bytes than the preface so far: it is not HTTP/2 prior knowledge.
+        const rest = socket.read() as Buffer | null;
+        if (rest) socket.unshift(rest);
+        h1.emit("connection", socket);
+        return;
+      }
+      socket.unshift(head);
+      (head.toString("latin1") === HTTP2_PREFACE ? h2 : h1).emit("connection", socket);
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    front.once("error", reject);
+    front.listen(opts.port, opts.host, () => resolve());
+  });
+  const address = front.address() as net.AddressInfo;
+  return {
+    port: address.port,
+    async close() {
+      await new Promise<void>((resolve) => {
+        front.close(() => resolve());
+        h1.closeIdleConnections();
+        setTimeout(() => {
+          for (const s of sockets) s.destroy();
+        }, 2000).unref();
+      });
+    },
+  };
+}
+
+export interface ClientOptions {
+  /** Deadline of every call unless the call sets its own. */
+  timeoutMs?: number;
+}
+
+export function createServiceClient<S extends DescService>(service: S, baseUrl: string, options: ClientOptions = {}): Client<S> {
+  const transport = createConnectTransport({
+    baseUrl,
+    httpVersion: "2",
+    useBinaryFormat: true,
+    defaultTimeoutMs: options.timeoutMs ?? 5000,
+    interceptors: [clientInterceptor],
+  });
+  return createClient(service, transport);
+}
+
+export function makeCaller(init: MessageInitShape<typeof CallerSchema>): Caller {
+  return create(CallerSchema, init);
+}
+
+/** Every tenant-facing RPC needs a caller; a request without one is a bug in the gateway. */
+export function requireCaller(caller: Caller | undefined): Caller {
+  if (!caller || !caller.kind) throw PlatformError.unauthenticated();
+  return caller;
+}
+
+/** Operators see every group; others only those they are members of. */
+export function canSeeGroup(caller: Caller, slug: string): boolean {
+  return caller.platformOperator || caller.visibleGroups.includes(slug);
+}

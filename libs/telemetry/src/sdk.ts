@@ -1,0 +1,52 @@
+import { NodeSDK } from "@opentelemetry/sdk-node";
+import { BatchSpanProcessor, type SpanProcessor } from "@opentelemetry/sdk-trace";
+import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
+import { HttpInstrumentation } from "@opentelemetry/instrumentation-http";
+import { UndiciInstrumentation } from "@opentelemetry/instrumentation-undici";
+import { PgInstrumentation } from "@opentelemetry/instrumentation-pg";
+import fastifyOtel from "@fastify/otel";
+import { resourceFromAttributes } from "@opentelemetry/resources";
+import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
+
+const SDK_KEY = Symbol.for("platform.telemetry.sdk");
+type Holder = { [SDK_KEY]?: NodeSDK };
+
+/** The service name comes from OTEL_SERVICE_NAME, which the fleet runner and deploy files set. */
+function serviceName(): string {
+  return process.env.OTEL_SERVICE_NAME || "platform";
+}
+
+export function startTelemetry(extraProcessors: SpanProcessor[] = []): NodeSDK {
+  const holder = globalThis as Holder;
+  const existing = holder[SDK_KEY];
+  if (existing) return existing;
+  const spanProcessors: SpanProcessor[] = [...extraProcessors];
+  if (process.env.OTEL_EXPORTER_OTLP_ENDPOINT) {
+    spanProcessors.push(new BatchSpanProcessor({ exporter: new OTLPTraceExporter(), scheduledDelayMillis: 500 }));
+  }
+  const sdk = new NodeSDK({
+    resource: resourceFromAttributes({
+      [ATTR_SERVICE_NAME]: serviceName(),
+      [ATTR_SERVICE_VERSION]: process.env.npm_package_version ?? "0.1.0",
+    }),
+    spanProcessors,
+    instrumentations: [
+      new HttpInstrumentation(),
+      new UndiciInstrumentation(),
+      new PgInstrumentation({ requireParentSpan: true }),
+      new fastifyOtel.FastifyOtelInstrumentation({ registerOnInitialization: true }),
+    ],
+  });
+  sdk.start();
+  holder[SDK_KEY] = sdk;
+  return sdk;
+}
+
+/** Flushes spans; every process calls it on its way out. */
+export async function shutdownTelemetry(): Promise<void> {
+  const holder = globalThis as Holder;
+  const sdk = holder[SDK_KEY];
+  if (!sdk) return;
+  delete holder[SDK_KEY];
+  await sdk.shutdown().catch(() => undefined);
+}

@@ -1,0 +1,11 @@
+/**
+ * hooks: owns its schema, answers readiness. Its capabilities land with their own issues; until
+ * then it publishes no routes of its own.
+ */
+import { loadConfig, serviceEnv } from "@platform/config";
+import { startService, type RunningService, type ServiceConfig } from "@platform/service";
+import { routes } from "./rpc.ts";
+
+export function build(config: ServiceConfig = loadConfig(serviceEnv("hooks"))): Promise<RunningService> {
+  return startService({ name: "hooks", config, entities: [], migrations: [], routes });
+}

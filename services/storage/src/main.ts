@@ -1,0 +1,6 @@
+import { loadConfigOrExit, serviceEnv } from "@platform/config";
+import { runMain } from "@platform/service";
+import { build } from "./app.ts";
+
+const config = loadConfigOrExit(serviceEnv("storage"));
+runMain("storage", () => build(config));
