@@ -13,7 +13,6 @@ import {
   type JetStreamManager,
   type JsMsg,
 } from "@nats-io/jetstream";
-import pg from "pg";
 import type { Logger } from "@platform/logger";
 import { claimEvent, type MikroORM, type EntityManager } from "@platform/db";
 import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
@@ -99,66 +98,53 @@ function headersCarrier(h: MsgHdrs | undefined) {
 export interface OutboxRelayOptions {
   orm: MikroORM;
   bus: Bus;
-  databaseUrl: string;
-  schema: string;
   logger: Logger;
-  /** Fallback poll interval; NOTIFY wakes the relay at once on commit. */
+  /** Fallback poll interval: rows committed by a process that died before publishing. */
   pollMs?: number;
 }
 
 export interface OutboxRelay {
-  /** Publishes everything pending now; resolves when the outbox is empty. */
+  /** Starts publishing now (after a commit) without waiting for the poll. */
+  kick(): void;
+  /** Publishes everything pending; resolves when the outbox is empty. */
   flush(): Promise<number>;
   stop(): Promise<void>;
 }
 
+const BATCH = 100;
+
 /**
- * Publishes committed outbox rows in order. Rows are locked with SKIP LOCKED, so several
- * replicas of a service can run relays side by side without publishing a row twice in a row;
- * a publish repeated after a crash carries the same `Nats-Msg-Id` and is dropped by JetStream.
+ * Publishes committed outbox rows in order. Rows are locked with SKIP LOCKED, so replicas of a
+ * service can relay side by side; a publish repeated after a crash carries the same
+ * `Nats-Msg-Id` and JetStream drops it as a duplicate.
  */
-export async function startOutboxRelay(opts: OutboxRelayOptions): Promise<OutboxRelay> {
-  const channel = `${opts.schema}_outbox`;
-  const listener = new pg.Client({ connectionString: opts.databaseUrl });
+export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   let stopped = false;
   let running: Promise<number> | null = null;
   let again = false;
 
-  const publishBatch = async (): Promise<number> => {
-    const em = opts.orm.em.fork();
-    return em.transactional(async (tx) => {
+  const publishBatch = async (): Promise<number> =>
+    opts.orm.em.fork().transactional(async (tx) => {
       const conn = tx.getConnection();
-      const rows = await conn.execute<{ id: string; subject: string; payload: unknown; headers: Record<string, string> }[]>(
-        "select id, subject, payload, headers from outbox where published_at is null order by seq limit 100 for update skip locked",
+      const ctx = tx.getTransactionContext();
+      const rows = await conn.execute<{ id: string; subject: string; payload: object; headers: Record<string, string> }[]>(
+        `select id, subject, payload, headers from outbox where published_at is null order by seq limit ${BATCH} for update skip locked`,
         [],
         "all",
-        tx.getTransactionContext(),
+        ctx,
       );
       for (const row of rows) {
         const h = natsHeaders();
         for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
-        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, ...(row.payload as object) }), {
-          msgID: row.id,
-          headers: h,
-        });
+        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, ...row.payload }), { msgID: row.id, headers: h });
       }
       if (rows.length > 0) {
-        await conn.execute("update outbox set published_at = now() where id = any(?)", [rows.map((r) => r.id)], "run", tx.getTransactionContext());
+        await conn.execute("update outbox set published_at = now() where id in (?)", [rows.map((r) => r.id)], "run", ctx);
       }
       return rows.length;
     });
-  };
 
-  const drain = async (): Promise<number> => {
-    let total = 0;
-    for (;;) {
-      const n = await publishBatch();
-      total += n;
-      if (n < 100) return total;
-    }
-  };
-
-  const kick = (): Promise<number> => {
+  const run = (): Promise<number> => {
     if (running) {
       again = true;
       return running;
@@ -168,7 +154,7 @@ export async function startOutboxRelay(opts: OutboxRelayOptions): Promise<Outbox
       try {
         do {
           again = false;
-          total += await drain();
+          for (let n = BATCH; n === BATCH && !stopped; total += n) n = await publishBatch();
         } while (again && !stopped);
       } catch (err) {
         if (!stopped) opts.logger.warn({ err }, "outbox relay could not publish; will retry");
@@ -180,31 +166,21 @@ export async function startOutboxRelay(opts: OutboxRelayOptions): Promise<Outbox
     return running;
   };
 
-  await listener.connect();
-  listener.on("notification", () => void kick());
-  listener.on("error", (err) => opts.logger.warn({ err }, "outbox listener connection failed"));
-  await listener.query(`listen ${pg.escapeIdentifier(channel)}`);
-  const timer = setInterval(() => void kick(), opts.pollMs ?? 1000);
-  void kick();
-
+  const timer = setInterval(() => void run(), opts.pollMs ?? 1000);
+  void run();
   return {
-    flush: async () => {
+    kick: () => void run(),
+    async flush() {
       let total = 0;
       while (running) total += await running;
-      return total + (await kick());
+      return total + (await run());
     },
     async stop() {
       stopped = true;
       clearInterval(timer);
       await running?.catch(() => undefined);
-      await listener.end().catch(() => undefined);
     },
   };
-}
-
-/** Wakes the relay of `schema` right after a transaction that enqueued events commits. */
-export async function notifyOutbox(em: EntityManager, schema: string): Promise<void> {
-  await em.getConnection().execute(`select pg_notify(?, '')`, [`${schema}_outbox`]);
 }
 
 export interface EventEnvelope {

@@ -7,7 +7,6 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { DescService } from "@bufbuild/protobuf";
-import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import {
   Code,
   ConnectError,
@@ -18,11 +17,8 @@ import {
 } from "@connectrpc/connect";
 import { connectNodeAdapter, createConnectTransport } from "@connectrpc/connect-node";
 import { PlatformError, fromConnectError, toConnectError } from "@platform/errors";
-import { CallerSchema, type Caller } from "@platform/proto";
 import type { Logger } from "@platform/logger";
 import { SpanKind, extractTraceContext, injectTraceContext, withSpan } from "@platform/telemetry";
-
-export type { Caller };
 
 /** Server side: trace context in, PlatformError out as a Connect error, nothing internal leaked. */
 function serverInterceptor(logger: Logger): Interceptor {
@@ -45,21 +41,26 @@ function serverInterceptor(logger: Logger): Interceptor {
   };
 }
 
-/** Client side: trace context out, Connect errors back into PlatformError. */
-const clientInterceptor: Interceptor = (next) => async (req) => {
-  return withSpan(
+/**
+ * Client side: trace context out. Errors stay ConnectErrors (Connect would re-wrap anything
+ * else and lose the detail); `platformErrorOf` turns them back at the edge.
+ */
+const clientInterceptor: Interceptor = (next) => async (req) =>
+  withSpan(
     `${req.service.typeName}/${req.method.name}`,
     { kind: SpanKind.CLIENT, attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name } },
     async () => {
       injectTraceContext(req.header);
-      try {
-        return await next(req);
-      } catch (err) {
-        throw err instanceof ConnectError ? fromConnectError(err) : err;
-      }
+      return next(req);
     },
   );
-};
+
+/** The platform error behind anything an RPC client threw. */
+export function platformErrorOf(err: unknown): PlatformError | null {
+  if (err instanceof PlatformError) return err;
+  if (err instanceof ConnectError) return fromConnectError(err);
+  return null;
+}
 
 export interface ReadinessFacts {
   ready: boolean;
@@ -161,19 +162,4 @@ export function createServiceClient<S extends DescService>(service: S, baseUrl: 
     interceptors: [clientInterceptor],
   });
   return createClient(service, transport);
-}
-
-export function makeCaller(init: MessageInitShape<typeof CallerSchema>): Caller {
-  return create(CallerSchema, init);
-}
-
-/** Every tenant-facing RPC needs a caller; a request without one is a bug in the gateway. */
-export function requireCaller(caller: Caller | undefined): Caller {
-  if (!caller || !caller.kind) throw PlatformError.unauthenticated();
-  return caller;
-}
-
-/** Operators see every group; others only those they are members of. */
-export function canSeeGroup(caller: Caller, slug: string): boolean {
-  return caller.platformOperator || caller.visibleGroups.includes(slug);
 }

@@ -7,7 +7,7 @@ import type { ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { serviceEnv, serviceSchema, type Config, type ServiceName } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
-import { databaseFacts, openDatabase, type MikroORM, type MigrationObject } from "@platform/db";
+import { databaseFacts, openDatabase, type EntityManager, type MikroORM, type MigrationObject } from "@platform/db";
 import { connectBus, startOutboxRelay, type Bus, type OutboxRelay } from "@platform/bus";
 import { startRpcServer, type RpcServer } from "@platform/rpc";
 import { ReadinessRequestSchema, ReadinessResponseSchema, type ReadinessRequest, type ReadinessResponse } from "@platform/proto";
@@ -24,6 +24,13 @@ export interface ServiceContext {
   bus: Bus;
   relay: OutboxRelay;
   schema: string;
+  /**
+   * Runs `fn` in one transaction (domain rows, audit and outbox events commit together), then
+   * wakes the outbox relay.
+   */
+  write<T>(fn: (em: EntityManager) => Promise<T>): Promise<T>;
+  /** A fresh identity map for reads. */
+  read<T>(fn: (em: EntityManager) => Promise<T>): Promise<T>;
   /** The Readiness RPC every service answers. */
   readiness(req: ReadinessRequest): Promise<ReadinessResponse>;
 }
@@ -62,7 +69,7 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
   const schema = serviceSchema(def.name);
   const orm = await openDatabase({ url: config.DATABASE_URL, schema, entities: def.entities, migrations: def.migrations, logger });
   const bus = await connectBus({ url: config.NATS_URL, name: def.name, prefix: config.BUS_PREFIX ?? "", logger });
-  const relay = await startOutboxRelay({ orm, bus, databaseUrl: config.DATABASE_URL, schema, logger });
+  const relay = startOutboxRelay({ orm, bus, logger });
 
   const readiness = async (req: ReadinessRequest): Promise<ReadinessResponse> => {
     const [db, nats] = await Promise.all([databaseFacts(orm, req.deep), natsStatus(bus)]);
@@ -74,7 +81,13 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
       tables: db.tables ?? 0,
     });
   };
-  const ctx: ServiceContext = { name: def.name, config, logger, orm, bus, relay, schema, readiness };
+  const write = async <T>(fn: (em: EntityManager) => Promise<T>): Promise<T> => {
+    const result = await orm.em.fork().transactional(fn);
+    relay.kick();
+    return result;
+  };
+  const read = <T>(fn: (em: EntityManager) => Promise<T>): Promise<T> => fn(orm.em.fork());
+  const ctx: ServiceContext = { name: def.name, config, logger, orm, bus, relay, schema, write, read, readiness };
   const closers = (await def.onStart?.(ctx)) ?? [];
   const rpc = await startRpcServer({
     port: config.RPC_PORT,

@@ -1,0 +1,149 @@
+/**
+ * Who may call a route: every route declares its access in `config.access`, and one onRequest
+ * hook enforces it before the body is even read (401, then 403, then group selection's 404).
+ */
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import { create } from "@bufbuild/protobuf";
+import type { Client } from "@connectrpc/connect";
+import { PlatformError, INVALID_CREDENTIAL, scopeRequired } from "@platform/errors";
+import { hasScope, makeCaller, type Caller, type Scope } from "@platform/caller";
+import { CredentialUseSchema, type IdentityService, type Principal } from "@platform/proto";
+import type { Logger } from "@platform/logger";
+import { CredentialCache } from "./domain/credential-cache.ts";
+import { credentialDigest, readCredential } from "./domain/credentials.ts";
+import { isPlatformOperator, isPlatformRoot, scopeIn, selectGroup, visibleGroups } from "./domain/group-selection.ts";
+
+export interface Access {
+  /** No credential needed (health, docs). */
+  public?: boolean;
+  /** Minimum scope in the selected group. */
+  scope?: Scope;
+  /** Platform operators only: root key, legacy platform key, platform-admin session. */
+  operator?: boolean;
+  /** Sessions only; API keys get 403. */
+  session?: boolean;
+}
+
+declare module "fastify" {
+  interface FastifyContextConfig {
+    access?: Access;
+  }
+  interface FastifyRequest {
+    caller: Caller | null;
+    principal: Principal | null;
+    /** The caller named a group (?group= or X-Platform-Group) rather than taking the default. */
+    explicitGroup: boolean;
+  }
+}
+
+export interface AccessOptions {
+  identity: Client<typeof IdentityService>;
+  cache: CredentialCache;
+  logger: Logger;
+  /** How often cached uses are reported to identity (last_used_at, session idle window). */
+  touchIntervalMs?: number;
+}
+
+export interface AccessControl {
+  /** Verifies a credential, from the cache when possible. */
+  authenticate(raw: string): Promise<Principal>;
+  flushUses(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export function registerAccess(app: FastifyInstance, opts: AccessOptions): AccessControl {
+  const { identity, cache } = opts;
+  const pendingUses = new Map<string, { kind: string; id: string; usedAtMs: number }>();
+  const knownGroups = new Map<string, number>();
+
+  const authenticate = async (raw: string): Promise<Principal> => {
+    const digest = credentialDigest(raw);
+    const cached = cache.get(digest);
+    if (cached) {
+      pendingUses.set(`${cached.kind}:${cached.id}`, { kind: cached.kind, id: cached.id, usedAtMs: Date.now() });
+      return cached;
+    }
+    const { principal } = await identity.verifyCredential({ credential: raw });
+    if (!principal) throw PlatformError.unauthenticated();
+    cache.set(digest, principal);
+    return principal;
+  };
+
+  const flushUses = async (): Promise<void> => {
+    if (pendingUses.size === 0) return;
+    const uses = [...pendingUses.values()].map((u) => create(CredentialUseSchema, { ...u, usedAtMs: BigInt(u.usedAtMs) }));
+    pendingUses.clear();
+    await identity.touchCredentials({ uses }).catch((err: unknown) => opts.logger.warn({ err }, "could not record credential uses"));
+  };
+  const timer = setInterval(() => void flushUses(), opts.touchIntervalMs ?? 1000);
+  timer.unref();
+
+  /** Operators may name any existing group; the answer is cached like credentials. */
+  const operatorGroupExists = async (caller: Caller, slug: string): Promise<void> => {
+    const until = knownGroups.get(slug);
+    if (until && until > Date.now()) return;
+    await identity.getGroup({ caller, slug });
+    knownGroups.set(slug, Date.now() + 30_000);
+  };
+
+  app.decorateRequest("caller", null);
+  app.decorateRequest("principal", null);
+  app.decorateRequest("explicitGroup", false);
+
+  app.addHook("onRequest", async (request: FastifyRequest) => {
+    if (request.is404) return;
+    const access: Access = request.routeOptions.config.access ?? { scope: "read" };
+    if (access.public) return;
+
+    const raw = readCredential(request.headers.authorization);
+    if (!raw) throw PlatformError.unauthenticated(INVALID_CREDENTIAL);
+    const principal = await authenticate(raw);
+    const operator = isPlatformOperator(principal);
+    if (access.operator && !operator) throw PlatformError.forbidden("Platform operator required");
+    if (access.session && principal.kind !== "session") throw PlatformError.forbidden("This route requires a session; API keys are refused.");
+
+    const query = request.query as Record<string, unknown> | undefined;
+    const header = request.headers["x-platform-group"];
+    const selection = selectGroup(
+      principal,
+      typeof query?.group === "string" ? query.group : undefined,
+      typeof header === "string" ? header : undefined,
+    );
+    const visible = visibleGroups(principal);
+    const caller = makeCaller({
+      kind: principal.kind,
+      principalId: principal.id,
+      userId: principal.user?.id ?? "",
+      visibleGroups: visible,
+      selectedGroup: selection.slug,
+      platformOperator: operator,
+      platformRoot: isPlatformRoot(principal),
+      scope: scopeIn(principal, selection.slug),
+    });
+    const explicit = selection.source === "query" || selection.source === "header";
+    if (explicit) {
+      if (operator) await operatorGroupExists(caller, selection.slug);
+      else if (!visible.includes(selection.slug)) throw PlatformError.notFound(`Group '${selection.slug}' not found`);
+    }
+    if (access.scope && !hasScope(caller.scope, access.scope)) throw scopeRequired(access.scope, caller.scope || "none");
+
+    request.principal = principal;
+    request.caller = caller;
+    request.explicitGroup = explicit;
+  });
+
+  return {
+    authenticate,
+    flushUses,
+    async close() {
+      clearInterval(timer);
+      await flushUses();
+    },
+  };
+}
+
+/** The caller of an authenticated route; the access hook guarantees it is set. */
+export function callerOf(request: FastifyRequest): Caller {
+  if (!request.caller) throw PlatformError.unauthenticated();
+  return request.caller;
+}

@@ -1,0 +1,87 @@
+/**
+ * The gateway: the single /api surface. It authenticates, selects the group, checks scope and
+ * calls the owning service; it holds no business state.
+ */
+import { readFileSync } from "node:fs";
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import swagger from "@fastify/swagger";
+import { gatewayEnv, loadConfig, type Config } from "@platform/config";
+import { createLogger, type Logger } from "@platform/logger";
+import { connectBus, subjects, subscribe, type Bus } from "@platform/bus";
+import { createServiceClient } from "@platform/rpc";
+import { IdentityService } from "@platform/proto";
+import { registerAccess } from "./access.ts";
+import { CredentialCache } from "./domain/credential-cache.ts";
+import { registerErrorHandling } from "./errors.ts";
+import { sharedSchemas } from "./schemas.ts";
+import { authRoutes } from "./routes/auth.ts";
+import { docsRoutes } from "./routes/docs.ts";
+import { groupRoutes } from "./routes/groups.ts";
+import { healthRoutes } from "./routes/health.ts";
+import { keyRoutes } from "./routes/keys.ts";
+
+export type GatewayConfig = Config<typeof gatewayEnv>;
+
+const VERSION: string = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8")).version;
+
+export interface Gateway {
+  app: FastifyInstance;
+  cache: CredentialCache;
+  close(): Promise<void>;
+}
+
+export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logger: Logger = createLogger({ service: "gateway", level: config.LOG_LEVEL })): Promise<Gateway> {
+  const app = Fastify({
+    // Fastify types its logger against its own pino major; ours is API-compatible.
+    loggerInstance: logger as unknown as FastifyBaseLogger,
+    disableRequestLogging: true,
+    bodyLimit: config.BODY_LIMIT_BYTES,
+    trustProxy: true,
+    routerOptions: { ignoreTrailingSlash: true },
+  });
+  const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
+  const cache = new CredentialCache(config.CREDENTIAL_CACHE_TTL_MS);
+  let bus: Bus | null = null;
+
+  registerErrorHandling(app);
+  for (const schema of sharedSchemas) app.addSchema(schema);
+  await app.register(swagger, {
+    openapi: {
+      openapi: "3.1.0",
+      info: {
+        title: "Platform API",
+        version: VERSION,
+        description:
+          "Control API of the hosting platform. Credentials go in `Authorization: Bearer <credential>` (or the bare credential): " +
+          "API keys start with `pf_k1_`, session tokens with `ses_`. Errors are `{detail}`.",
+      },
+      servers: [{ url: "/" }],
+      components: { securitySchemes: { credential: { type: "http", scheme: "bearer", description: "pf_k1_ API key or ses_ session token" } } },
+      security: [{ credential: [] }],
+    },
+    refResolver: { buildLocalReference: (json, _base, _fragment, i) => String(json.$id ?? `def-${i}`) },
+  });
+  const access = registerAccess(app, { identity, cache, logger });
+
+  healthRoutes(app, { identity, environment: config.PLATFORM_ENVIRONMENT, version: VERSION });
+  groupRoutes(app, identity);
+  keyRoutes(app, identity, cache);
+  authRoutes(app, identity, cache);
+  docsRoutes(app);
+
+  // Every replica drops a revoked credential as soon as identity announces it.
+  bus = await connectBus({ url: config.NATS_URL, name: "gateway", prefix: config.BUS_PREFIX ?? "", logger });
+  const revocations = subscribe(bus, subjects.events.credentialRevoked, (event) => cache.invalidate(String(event.id)), logger);
+
+  await app.ready();
+  return {
+    app,
+    cache,
+    async close() {
+      await app.close();
+      await access.close();
+      revocations.unsubscribe();
+      await bus?.close();
+    },
+  };
+}

@@ -1,0 +1,51 @@
+/**
+ * The one HTTP mapping of errors: every failure leaves as `{detail}` (spec doc 1 section 7).
+ * 5xx bodies never carry internals; the log does.
+ */
+import type { FastifyError, FastifyInstance } from "fastify";
+import { PlatformError } from "@platform/errors";
+import { platformErrorOf } from "@platform/rpc";
+
+function validationMessage(err: FastifyError): string {
+  const first = err.validation?.[0];
+  if (!first) return err.message;
+  const where = `${err.validationContext ?? "request"}${first.instancePath ? first.instancePath.replaceAll("/", ".") : ""}`;
+  const params = first.params as Record<string, unknown>;
+  if (first.keyword === "required") return `${where}.${String(params.missingProperty)} is required.`;
+  if (first.keyword === "additionalProperties") return `${where}.${String(params.additionalProperty)} is not allowed.`;
+  if (first.keyword === "enum") return `${where} must be one of ${(params.allowedValues as unknown[]).join(", ")}.`;
+  return `${where} ${first.message ?? "is invalid"}.`;
+}
+
+export function registerErrorHandling(app: FastifyInstance): void {
+  app.setErrorHandler((err: FastifyError, request, reply) => {
+    const platform = platformErrorOf(err);
+    if (platform) {
+      if (platform.status >= 500) request.log.error({ err }, "request failed");
+      return reply.code(platform.status).send({ detail: platform.detail });
+    }
+    if (err.validation) {
+      return reply.code(422).send({
+        detail: { code: "invalid_request", message: validationMessage(err), errors: err.validation.map((v) => ({ path: v.instancePath, message: v.message })) },
+      });
+    }
+    switch (err.code) {
+      case "FST_ERR_CTP_BODY_TOO_LARGE":
+        return reply.code(413).send({ detail: "Request body is too large." });
+      case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
+        return reply.code(415).send({ detail: "Unsupported content type; send application/json." });
+      case "FST_ERR_CTP_EMPTY_JSON_BODY":
+        return reply.code(400).send({ detail: "Request body is empty; send a JSON object." });
+    }
+    if (err.statusCode === 400 || err instanceof SyntaxError) {
+      return reply.code(400).send({ detail: `Malformed request: ${err.message}` });
+    }
+    if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500) {
+      return reply.code(err.statusCode).send({ detail: err.message });
+    }
+    request.log.error({ err }, "unhandled error");
+    return reply.code(500).send({ detail: "Internal server error." });
+  });
+
+  app.setNotFoundHandler((request, reply) => reply.code(404).send({ detail: "Not Found" }));
+}

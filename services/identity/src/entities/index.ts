@@ -1,0 +1,106 @@
+import { defineEntity, p } from "@mikro-orm/core";
+
+export const UserSchema = defineEntity({
+  name: "User",
+  tableName: "users",
+  properties: {
+    id: p.uuid().primary(),
+    email: p.text().unique(),
+    displayName: p.text(),
+    platformAdmin: p.boolean().default(false),
+    disabled: p.boolean().default(false),
+    emailVerified: p.boolean().default(false),
+    personalGroupId: p.uuid().nullable(),
+    createdAt: p.datetime().defaultRaw("now()"),
+  },
+});
+export class User extends UserSchema.class {}
+UserSchema.setClass(User);
+
+export const GroupSchema = defineEntity({
+  name: "Group",
+  tableName: "groups",
+  properties: {
+    id: p.uuid().primary(),
+    slug: p.text().unique(),
+    displayName: p.text(),
+    personal: p.boolean().default(false),
+    createdAt: p.datetime().defaultRaw("now()"),
+  },
+});
+export class Group extends GroupSchema.class {}
+GroupSchema.setClass(Group);
+
+export const MembershipSchema = defineEntity({
+  name: "Membership",
+  tableName: "memberships",
+  properties: {
+    userId: p.uuid().primary(),
+    groupId: p.uuid().primary(),
+    role: p.text(),
+    createdAt: p.datetime().defaultRaw("now()"),
+  },
+});
+export class Membership extends MembershipSchema.class {}
+MembershipSchema.setClass(Membership);
+
+export const ApiKeySchema = defineEntity({
+  name: "ApiKey",
+  tableName: "api_keys",
+  properties: {
+    id: p.uuid().primary(),
+    /** The first characters of the key, shown in listings; never enough to use it. */
+    prefix: p.text(),
+    /** SHA-256 of the raw key, hex. The raw key is never stored. */
+    hash: p.text().unique(),
+    name: p.text(),
+    scope: p.text(),
+    /** group, platform (legacy platform key) or root (the environment's root key). */
+    kind: p.text(),
+    groupId: p.uuid().nullable(),
+    createdBy: p.text(),
+    createdAt: p.datetime().defaultRaw("now()"),
+    lastUsedAt: p.datetime().nullable(),
+    revokedAt: p.datetime().nullable(),
+  },
+});
+export class ApiKey extends ApiKeySchema.class {}
+ApiKeySchema.setClass(ApiKey);
+
+export const SessionSchema = defineEntity({
+  name: "Session",
+  tableName: "sessions",
+  properties: {
+    id: p.uuid().primary(),
+    tokenHash: p.text().unique(),
+    userId: p.uuid(),
+    /** browser or cli: they differ in idle window. */
+    kind: p.text(),
+    createdAt: p.datetime().defaultRaw("now()"),
+    lastUsedAt: p.datetime().nullable(),
+    idleExpiresAt: p.datetime(),
+    absoluteMaxAt: p.datetime(),
+    revokedAt: p.datetime().nullable(),
+  },
+});
+export class Session extends SessionSchema.class {}
+SessionSchema.setClass(Session);
+
+export const AuditEntrySchema = defineEntity({
+  name: "AuditEntry",
+  tableName: "audit_log",
+  properties: {
+    id: p.bigint().primary().autoincrement(),
+    at: p.datetime().defaultRaw("now()"),
+    /** Who did it: `api_key:<id>`, `session:<id>` or `system`. */
+    actor: p.text(),
+    action: p.text(),
+    target: p.text(),
+    groupSlug: p.text().nullable(),
+    details: p.json<Record<string, unknown>>(),
+  },
+});
+export class AuditEntry extends AuditEntrySchema.class {}
+AuditEntrySchema.setClass(AuditEntry);
+
+export const entities = [UserSchema, GroupSchema, MembershipSchema, ApiKeySchema, SessionSchema, AuditEntrySchema];

@@ -1,0 +1,6 @@
+import { identityEnv, loadConfigOrExit } from "@platform/config";
+import { runMain } from "@platform/service";
+import { build } from "./app.ts";
+
+const config = loadConfigOrExit(identityEnv);
+runMain("identity", () => build(config));
