@@ -16,12 +16,12 @@ export class IdentityTables extends Migration {
       platform_admin boolean not null default false,
       disabled boolean not null default false,
       email_verified boolean not null default false,
-      personal_group_id uuid null references groups (id),
+      personal_group_id uuid null references groups (id) deferrable initially deferred,
       created_at timestamptz not null default now()
     )`);
     this.addSql(`create table memberships (
-      user_id uuid not null references users (id) on delete cascade,
-      group_id uuid not null references groups (id) on delete cascade,
+      user_id uuid not null references users (id) on delete cascade deferrable initially deferred,
+      group_id uuid not null references groups (id) on delete cascade deferrable initially deferred,
       role text not null check (role in ('owner', 'admin', 'deployer', 'viewer')),
       created_at timestamptz not null default now(),
       primary key (user_id, group_id)
@@ -33,7 +33,7 @@ export class IdentityTables extends Migration {
       name text not null,
       scope text not null check (scope in ('read', 'deploy', 'admin')),
       kind text not null check (kind in ('group', 'platform', 'root')),
-      group_id uuid null references groups (id) on delete cascade,
+      group_id uuid null references groups (id) on delete cascade deferrable initially deferred,
       created_by text not null,
       created_at timestamptz not null default now(),
       last_used_at timestamptz null,
@@ -46,7 +46,7 @@ export class IdentityTables extends Migration {
     this.addSql(`create table sessions (
       id uuid primary key,
       token_hash text not null unique,
-      user_id uuid not null references users (id) on delete cascade,
+      user_id uuid not null references users (id) on delete cascade deferrable initially deferred,
       kind text not null check (kind in ('browser', 'cli')),
       created_at timestamptz not null default now(),
       last_used_at timestamptz null,

@@ -1,0 +1,108 @@
+import { describe, expect, it } from "vitest";
+import { create } from "@bufbuild/protobuf";
+import { PrincipalSchema, type Principal } from "@platform/proto";
+import { readCredential } from "../src/domain/credentials.ts";
+import { CredentialCache } from "../src/domain/credential-cache.ts";
+import { isPlatformOperator, isPlatformRoot, scopeIn, selectGroup, visibleGroups } from "../src/domain/group-selection.ts";
+
+const key = (init: Partial<Principal> = {}) =>
+  create(PrincipalSchema, { kind: "api_key", id: "k1", scope: "deploy", keyGroup: "acme", keyKind: "group", ...init });
+const session = (init: Partial<Principal> = {}) =>
+  create(PrincipalSchema, {
+    kind: "session",
+    id: "s1",
+    user: { id: "u1", email: "a@example.com", personalGroup: "a-123456", platformAdmin: false },
+    memberships: [
+      { groupSlug: "a-123456", role: "owner" },
+      { groupSlug: "acme", role: "viewer" },
+      { groupSlug: "globex", role: "deployer" },
+    ],
+    ...init,
+  });
+
+describe("readCredential", () => {
+  it("takes Bearer or the bare credential, dispatched on the prefix", () => {
+    expect(readCredential("Bearer pf_k1_abc")).toBe("pf_k1_abc");
+    expect(readCredential("bearer   ses_abc")).toBe("ses_abc");
+    expect(readCredential("pf_k1_abc")).toBe("pf_k1_abc");
+    expect(readCredential("ses_abc")).toBe("ses_abc");
+  });
+
+  it("rejects a missing header, a wrong prefix, a bare prefix and other schemes", () => {
+    for (const h of [undefined, "", "Bearer", "Bearer xyz", "Basic pf_k1_abc", "pf_k1_", "ses_", "token pf_k1_abc", "Bearer pf_k1_a b"]) {
+      expect(readCredential(h)).toBeNull();
+    }
+  });
+});
+
+describe("CredentialCache", () => {
+  it("forgets an entry after its TTL and never keeps one past the credential's validity", () => {
+    const cache = new CredentialCache(1000);
+    cache.set("d1", key(), 0);
+    expect(cache.get("d1", 999)).not.toBeNull();
+    expect(cache.get("d1", 1000)).toBeNull();
+    cache.set("d2", session({ validUntilMs: 500n }), 0);
+    expect(cache.get("d2", 499)).not.toBeNull();
+    expect(cache.get("d2", 500)).toBeNull();
+  });
+
+  it("drops every digest of a revoked principal", () => {
+    const cache = new CredentialCache(60_000);
+    cache.set("d1", key({ id: "same" }));
+    cache.set("d2", key({ id: "same" }));
+    cache.set("d3", key({ id: "other" }));
+    cache.invalidate("same");
+    expect(cache.get("d1")).toBeNull();
+    expect(cache.get("d2")).toBeNull();
+    expect(cache.get("d3")).not.toBeNull();
+  });
+
+  it("caches nothing with a zero TTL and stays bounded", () => {
+    expect(new CredentialCache(0).size).toBe(0);
+    const none = new CredentialCache(0);
+    none.set("d", key());
+    expect(none.get("d")).toBeNull();
+    const small = new CredentialCache(60_000, 2);
+    small.set("a", key({ id: "a" }));
+    small.set("b", key({ id: "b" }));
+    small.set("c", key({ id: "c" }));
+    expect(small.size).toBe(2);
+    expect(small.get("a")).toBeNull();
+  });
+});
+
+describe("group selection", () => {
+  it("follows the spec's order: query, header, key's group, personal group", () => {
+    expect(selectGroup(key(), "q", "h")).toEqual({ slug: "q", source: "query" });
+    expect(selectGroup(key(), undefined, "h")).toEqual({ slug: "h", source: "header" });
+    expect(selectGroup(key(), "", " ")).toEqual({ slug: "acme", source: "key" });
+    expect(selectGroup(session(), undefined, undefined)).toEqual({ slug: "a-123456", source: "personal" });
+    expect(selectGroup(key({ keyGroup: "", keyKind: "root" }), undefined, undefined)).toEqual({ slug: "", source: "none" });
+  });
+
+  it("derives a session's scope from its role in the selected group", () => {
+    const s = session();
+    expect(scopeIn(s, "a-123456")).toBe("admin");
+    expect(scopeIn(s, "acme")).toBe("read");
+    expect(scopeIn(s, "globex")).toBe("deploy");
+    expect(scopeIn(s, "initech")).toBe("");
+    expect(scopeIn(session({ user: { id: "u", platformAdmin: true } }), "initech")).toBe("admin");
+    expect(scopeIn(key(), "acme")).toBe("deploy");
+  });
+
+  it("knows operators: root key, legacy platform key, platform-admin session; not a group owner", () => {
+    expect(isPlatformOperator(key({ keyKind: "root", keyGroup: "" }))).toBe(true);
+    expect(isPlatformOperator(key({ keyKind: "platform", keyGroup: "" }))).toBe(true);
+    expect(isPlatformOperator(key())).toBe(false);
+    expect(isPlatformOperator(session())).toBe(false);
+    expect(isPlatformOperator(session({ user: { id: "u", platformAdmin: true } }))).toBe(true);
+    expect(isPlatformRoot(key({ keyKind: "platform", keyGroup: "" }))).toBe(false);
+    expect(isPlatformRoot(key({ keyKind: "root", keyGroup: "" }))).toBe(true);
+  });
+
+  it("lets a key see only its group and a session its memberships", () => {
+    expect(visibleGroups(key())).toEqual(["acme"]);
+    expect(visibleGroups(key({ keyGroup: "" }))).toEqual([]);
+    expect(visibleGroups(session())).toEqual(["a-123456", "acme", "globex"]);
+  });
+});
