@@ -1,13 +1,15 @@
 import { describe, expect, it } from "vitest";
-import { create } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { PrincipalSchema, type Principal } from "@platform/proto";
 import { readCredential } from "../src/domain/credentials.ts";
 import { CredentialCache } from "../src/domain/credential-cache.ts";
 import { isPlatformOperator, isPlatformRoot, scopeIn, selectGroup, visibleGroups } from "../src/domain/group-selection.ts";
 
-const key = (init: Partial<Principal> = {}) =>
+type Init = MessageInitShape<typeof PrincipalSchema>;
+
+const key = (init: Init = {}): Principal =>
   create(PrincipalSchema, { kind: "api_key", id: "k1", scope: "deploy", keyGroup: "acme", keyKind: "group", ...init });
-const session = (init: Partial<Principal> = {}) =>
+const session = (init: Init = {}): Principal =>
   create(PrincipalSchema, {
     kind: "session",
     id: "s1",
