@@ -5,7 +5,7 @@ import { readCredential } from "../src/domain/credentials.ts";
 import { CredentialCache } from "../src/domain/credential-cache.ts";
 import { isPlatformOperator, isPlatformRoot, scopeIn, selectGroup, visibleGroups } from "../src/domain/group-selection.ts";
 
-type Init = MessageInitShape<typeof PrincipalSchema>;
+type Init = Exclude<MessageInitShape<typeof PrincipalSchema>, Principal>;
 
 const key = (init: Init = {}): Principal =>
   create(PrincipalSchema, { kind: "api_key", id: "k1", scope: "deploy", keyGroup: "acme", keyKind: "group", ...init });
