@@ -1,0 +1,301 @@
+/**
+ * Spec document 1 section 5 and the routes of ARCHITECTURE section 7, through HTTP only, against
+ * the fleet as real processes (two gateway replicas sharing identity).
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestFleet, type TestFleet } from "@platform/testing";
+import { call, seedMember, type Member } from "./support.ts";
+
+const INVALID = { detail: "Invalid or revoked API key" };
+
+let fleet: TestFleet;
+let api: string;
+let root: string;
+const keys: Record<string, { id: string; key: string }> = {};
+let owner: Member;
+let viewer: Member;
+let platformAdmin: Member;
+
+async function mintKey(name: string, scope: string, group: string) {
+  const r = await call(api, "POST", "/keys", { credential: root, body: { name, scope, group } });
+  expect(r.status).toBe(201);
+  return { id: r.body.id as string, key: r.body.key as string };
+}
+
+beforeAll(async () => {
+  fleet = await startTestFleet({ gatewayReplicas: 2 });
+  api = fleet.api;
+  root = fleet.rootKey;
+  for (const slug of ["acme", "globex"]) {
+    expect((await call(api, "POST", "/groups", { credential: root, body: { slug } })).status).toBe(201);
+  }
+  keys.acmeRead = await mintKey("acme-read", "read", "acme");
+  keys.acmeDeploy = await mintKey("acme-deploy", "deploy", "acme");
+  keys.acmeAdmin = await mintKey("acme-admin", "admin", "acme");
+  keys.globexAdmin = await mintKey("globex-admin", "admin", "globex");
+  const platform = await call(api, "POST", "/keys", { credential: root, body: { name: "legacy", scope: "admin", platform: true } });
+  expect(platform.status).toBe(201);
+  keys.platform = { id: platform.body.id, key: platform.body.key };
+  owner = await seedMember(fleet, { email: "owner@acme.test", memberships: [["acme", "owner"]] });
+  viewer = await seedMember(fleet, { email: "viewer@acme.test", memberships: [["acme", "viewer"], ["globex", "deployer"]] });
+  platformAdmin = await seedMember(fleet, { email: "ops@platform.test", platformAdmin: true });
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+});
+
+describe("health", () => {
+  it("answers without a credential with status, environment and version", async () => {
+    const r = await call(api, "GET", "/health");
+    expect(r.status).toBe(200);
+    expect(r.body).toEqual({ status: "ok", environment: "dev", version: expect.any(String) });
+  });
+
+  it("adds the database status and table count with deep=true, and ignores a legacy environment", async () => {
+    const r = await call(api, "GET", "/health?deep=true&environment=production");
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ status: "ok", environment: "dev", database: "ok" });
+    expect(r.body.tables).toBeGreaterThanOrEqual(6);
+  });
+});
+
+describe("credentials (doc 1 section 5)", () => {
+  it("accepts `Bearer <credential>` and the bare credential", async () => {
+    expect((await call(api, "GET", "/auth/me", { credential: keys.acmeRead!.key })).status).toBe(200);
+    expect((await call(api, "GET", "/auth/me", { headers: { authorization: keys.acmeRead!.key } })).status).toBe(200);
+    expect((await call(api, "GET", "/auth/me", { headers: { authorization: owner.token } })).status).toBe(200);
+  });
+
+  it("answers 401 with the one text for every credential that is not live", async () => {
+    const cases: Array<Record<string, string>> = [
+      {},
+      { authorization: "" },
+      { authorization: "Bearer" },
+      { authorization: "Bearer sk_live_abc" },
+      { authorization: "Basic cGZfazFfYWJj" },
+      { authorization: "Bearer pf_k1_doesnotexist" },
+      { authorization: "ses_doesnotexist" },
+    ];
+    for (const headers of cases) {
+      const r = await call(api, "GET", "/groups", { headers });
+      expect(r.status, JSON.stringify(headers)).toBe(401);
+      expect(r.body).toEqual(INVALID);
+    }
+  });
+
+  it("applies the scope hierarchy with the exact 403 text", async () => {
+    const read = await call(api, "GET", "/keys", { credential: keys.acmeRead!.key });
+    expect(read.status).toBe(403);
+    expect(read.body).toEqual({ detail: "Scope 'admin' required, you have 'read'" });
+    const deploy = await call(api, "GET", "/keys", { credential: keys.acmeDeploy!.key });
+    expect(deploy.body).toEqual({ detail: "Scope 'admin' required, you have 'deploy'" });
+    expect((await call(api, "GET", "/keys", { credential: keys.acmeAdmin!.key })).status).toBe(200);
+    expect((await call(api, "GET", "/groups", { credential: keys.acmeRead!.key })).status).toBe(200);
+  });
+
+  it("gives a session the scope of its role in the selected group", async () => {
+    const inAcme = await call(api, "GET", "/auth/me?group=acme", { credential: viewer.token });
+    expect(inAcme.body).toMatchObject({ kind: "session", scope: "read", group_slug: "acme" });
+    const inGlobex = await call(api, "GET", "/auth/me", { credential: viewer.token, headers: { "x-platform-group": "globex" } });
+    expect(inGlobex.body).toMatchObject({ scope: "deploy", group_slug: "globex" });
+    const denied = await call(api, "GET", "/keys?group=acme", { credential: viewer.token });
+    expect(denied.status).toBe(403);
+    expect(denied.body).toEqual({ detail: "Scope 'admin' required, you have 'read'" });
+  });
+
+  it("records last_used_at on use, also for uses answered from the gateway's cache", async () => {
+    const k = await mintKey("touch", "read", "acme");
+    await call(fleet.apis[1]!, "GET", "/groups", { credential: k.key });
+    await call(fleet.apis[1]!, "GET", "/groups", { credential: k.key });
+    await expect
+      .poll(async () => {
+        const list = await call(api, "GET", "/keys?group=acme", { credential: root });
+        return list.body.items.find((i: { id: string }) => i.id === k.id)?.last_used_at;
+      })
+      .toEqual(expect.any(String));
+  });
+
+  it("a revoked key answers 401 on every gateway replica, including one that had it cached", async () => {
+    const k = await mintKey("doomed", "read", "acme");
+    for (const base of fleet.apis) expect((await call(base, "GET", "/groups", { credential: k.key })).status).toBe(200);
+    const del = await call(fleet.apis[0]!, "DELETE", `/keys/${k.id}`, { credential: keys.acmeAdmin!.key });
+    expect(del.status).toBe(204);
+    expect(await call(fleet.apis[0]!, "GET", "/groups", { credential: k.key })).toMatchObject({ status: 401, body: INVALID });
+    await expect.poll(async () => (await call(fleet.apis[1]!, "GET", "/groups", { credential: k.key })).status, { timeout: 5000 }).toBe(401);
+  });
+
+  it("refuses a disabled account with 403", async () => {
+    const disabled = await seedMember(fleet, { email: "gone@acme.test", memberships: [["acme", "owner"]], disabled: true });
+    expect((await call(api, "GET", "/auth/me", { credential: disabled.token })).status).toBe(403);
+  });
+});
+
+describe("group selection", () => {
+  it("defaults to the key's group, then the personal group", async () => {
+    expect((await call(api, "GET", "/auth/me", { credential: keys.acmeRead!.key })).body.group_slug).toBe("acme");
+    expect((await call(api, "GET", "/auth/me", { credential: owner.token })).body).toMatchObject({
+      group_slug: owner.personalGroup,
+      scope: "admin",
+    });
+    expect((await call(api, "GET", "/auth/me", { credential: root })).body.group_slug).toBeNull();
+  });
+
+  it("takes ?group= before the header, and a non-member selector gives 404", async () => {
+    const k = keys.acmeRead!.key;
+    expect((await call(api, "GET", "/auth/me?group=acme", { credential: k, headers: { "x-platform-group": "globex" } })).body.group_slug).toBe("acme");
+    const viaQuery = await call(api, "GET", "/auth/me?group=globex", { credential: k, headers: { "x-platform-group": "acme" } });
+    expect(viaQuery).toMatchObject({ status: 404, body: { detail: "Group 'globex' not found" } });
+    expect((await call(api, "GET", "/auth/me", { credential: k, headers: { "x-platform-group": "globex" } })).status).toBe(404);
+    expect((await call(api, "GET", "/auth/me?group=nowhere", { credential: owner.token })).status).toBe(404);
+  });
+
+  it("lets operators select any existing group and nothing else", async () => {
+    expect((await call(api, "GET", "/auth/me?group=globex", { credential: root })).body.group_slug).toBe("globex");
+    expect((await call(api, "GET", "/auth/me?group=nowhere", { credential: root })).status).toBe(404);
+  });
+});
+
+describe("platform-operator gate", () => {
+  it("refuses anonymous with 401 and every tenant, a group owner included, with 403", async () => {
+    expect((await call(api, "POST", "/groups", { body: { slug: "x1" } })).status).toBe(401);
+    for (const credential of [keys.acmeAdmin!.key, owner.token]) {
+      const r = await call(api, "POST", "/groups", { credential, body: { slug: "x1" } });
+      expect(r.status).toBe(403);
+      expect(r.body).toEqual({ detail: "Platform operator required" });
+    }
+  });
+
+  it("admits the root key, a legacy platform key and a platform-admin session", async () => {
+    for (const [i, credential] of [root, keys.platform!.key, platformAdmin.token].entries()) {
+      const r = await call(api, "POST", "/groups", { credential, body: { slug: `ops-${i}`, display_name: `Ops ${i}` } });
+      expect(r.status).toBe(201);
+      expect(r.body).toEqual({ slug: `ops-${i}`, display_name: `Ops ${i}`, created_at: expect.any(String) });
+    }
+  });
+
+  it("shows operators every group and tenants their own", async () => {
+    const all = await call(api, "GET", "/groups", { credential: root });
+    expect(all.body.items.map((g: { slug: string }) => g.slug)).toEqual(expect.arrayContaining(["acme", "globex", "ops-0"]));
+    const mine = await call(api, "GET", "/groups", { credential: keys.acmeRead!.key });
+    expect(mine.body).toEqual({ items: [expect.objectContaining({ slug: "acme" })], total: 1 });
+  });
+});
+
+describe("groups and keys", () => {
+  it("refuses a duplicate group with 409 and a bad slug with 422", async () => {
+    const dup = await call(api, "POST", "/groups", { credential: root, body: { slug: "acme" } });
+    expect(dup.status).toBe(409);
+    expect(dup.body.detail).toMatchObject({ code: "group_exists", message: expect.any(String) });
+    expect((await call(api, "POST", "/groups", { credential: root, body: { slug: "Bad_Slug" } })).status).toBe(422);
+    expect((await call(api, "POST", "/groups", { credential: root, body: {} })).status).toBe(422);
+  });
+
+  it("shows a new key once and lists it without the key or its hash", async () => {
+    const created = await call(api, "POST", "/keys", { credential: keys.acmeAdmin!.key, body: { name: "deployer", scope: "deploy" } });
+    expect(created.status).toBe(201);
+    expect(created.body).toEqual({
+      id: expect.any(String),
+      key: expect.stringMatching(/^pf_k1_/),
+      prefix: expect.any(String),
+      name: "deployer",
+      scope: "deploy",
+      group_slug: "acme",
+      created_at: expect.any(String),
+    });
+    const list = await call(api, "GET", "/keys", { credential: keys.acmeAdmin!.key });
+    const text = JSON.stringify(list.body);
+    expect(text).not.toContain(created.body.key);
+    const item = list.body.items.find((k: { id: string }) => k.id === created.body.id);
+    expect(Object.keys(item).sort()).toEqual(["created_at", "group_slug", "id", "kind", "last_used_at", "name", "prefix", "revoked_at", "scope"]);
+    expect(list.body.items.every((k: { group_slug: string }) => k.group_slug === "acme")).toBe(true);
+    expect(list.body.total).toBe(list.body.items.length);
+  });
+
+  it("lets a tenant mint only for its group and up to its own scope", async () => {
+    const deployer = await call(api, "POST", "/keys", { credential: viewer.token, headers: { "x-platform-group": "globex" }, body: { name: "n", scope: "read" } });
+    expect(deployer.status).toBe(403);
+    const higher = await call(api, "POST", "/keys?group=acme", { credential: owner.token, body: { name: "n", scope: "admin" } });
+    expect(higher.status).toBe(201);
+    expect(higher.body.group_slug).toBe("acme");
+    const other = await call(api, "POST", "/keys", { credential: keys.acmeAdmin!.key, body: { name: "n", scope: "read", group: "globex" } });
+    expect(other.status).toBe(404);
+    const platform = await call(api, "POST", "/keys", { credential: keys.acmeAdmin!.key, body: { name: "n", scope: "read", platform: true } });
+    expect(platform.status).toBe(403);
+    const bad = await call(api, "POST", "/keys", { credential: keys.acmeAdmin!.key, body: { name: "n", scope: "superuser" } });
+    expect(bad.status).toBe(422);
+  });
+
+  it("answers 404, never 403, for another tenant's key and group", async () => {
+    const foreign = await call(api, "DELETE", `/keys/${keys.globexAdmin!.id}`, { credential: keys.acmeAdmin!.key });
+    expect(foreign.status).toBe(404);
+    const unknown = await call(api, "DELETE", "/keys/00000000-0000-0000-0000-000000000000", { credential: keys.acmeAdmin!.key });
+    expect(unknown).toMatchObject({ status: 404, body: foreign.body });
+    expect((await call(api, "GET", "/keys?group=globex", { credential: keys.acmeAdmin!.key })).status).toBe(404);
+    expect((await call(api, "GET", "/groups?group=globex", { credential: keys.acmeRead!.key })).status).toBe(404);
+    // The key still works: the refused revocation changed nothing.
+    expect((await call(api, "GET", "/auth/me", { credential: keys.globexAdmin!.key })).status).toBe(200);
+  });
+
+  it("keeps the root key: revoking it is refused with 409", async () => {
+    const me = await call(api, "GET", "/auth/me", { credential: root });
+    const r = await call(api, "DELETE", `/keys/${me.body.key.id}`, { credential: root });
+    expect(r.status).toBe(409);
+    expect(r.body.detail.code).toBe("root_key_protected");
+  });
+});
+
+describe("auth/me and sessions", () => {
+  it("describes the caller", async () => {
+    const key = await call(api, "GET", "/auth/me", { credential: keys.acmeDeploy!.key });
+    expect(key.body).toMatchObject({ kind: "api_key", scope: "deploy", group_slug: "acme", user: null, memberships: [], platform_operator: false });
+    const session = await call(api, "GET", "/auth/me", { credential: viewer.token });
+    expect(session.body).toMatchObject({
+      kind: "session",
+      user: { email: "viewer@acme.test", platform_admin: false },
+      memberships: expect.arrayContaining([{ group_slug: "acme", role: "viewer" }, { group_slug: "globex", role: "deployer" }]),
+      platform_operator: false,
+    });
+    expect((await call(api, "GET", "/auth/me", { credential: platformAdmin.token })).body.platform_operator).toBe(true);
+    expect((await call(api, "GET", "/auth/me", { credential: keys.platform!.key })).body).toMatchObject({ platform_operator: true, platform_root: false });
+  });
+
+  it("lists and revokes a session's own sessions; API keys are refused", async () => {
+    expect((await call(api, "GET", "/auth/sessions", { credential: keys.acmeAdmin!.key })).status).toBe(403);
+    const second = await seedMember(fleet, { email: "two@acme.test", memberships: [["acme", "deployer"]], kind: "cli" });
+    const list = await call(api, "GET", "/auth/sessions", { credential: second.token });
+    expect(list.status).toBe(200);
+    expect(list.body.total).toBe(1);
+    expect(list.body.items[0]).toMatchObject({ kind: "cli", current: true });
+    const other = await call(api, "DELETE", `/auth/sessions/${list.body.items[0].id}`, { credential: owner.token });
+    expect(other.status).toBe(404);
+    expect((await call(api, "DELETE", `/auth/sessions/${list.body.items[0].id}`, { credential: second.token })).status).toBe(204);
+    expect(await call(api, "GET", "/auth/me", { credential: second.token })).toMatchObject({ status: 401, body: INVALID });
+  });
+});
+
+describe("malformed input", () => {
+  it("answers 400 for malformed JSON, 413 for an oversized body, 422 for a wrong shape, all as {detail}", async () => {
+    const malformed = await call(api, "POST", "/groups", { credential: root, raw: "{not json" });
+    expect(malformed.status).toBe(400);
+    expect(typeof malformed.body.detail).toBe("string");
+    const huge = await call(api, "POST", "/groups", { credential: root, raw: JSON.stringify({ slug: "x".repeat(2 * 1024 * 1024) }) });
+    expect(huge.status).toBe(413);
+    expect(huge.body.detail).toEqual(expect.any(String));
+    const wrong = await call(api, "POST", "/keys", { credential: root, body: { name: "x" } });
+    expect(wrong.status).toBe(422);
+    expect(wrong.body.detail).toMatchObject({ code: "invalid_request", message: expect.stringContaining("scope") });
+  });
+
+  it("answers unknown routes with 404 {detail}", async () => {
+    const r = await call(api, "GET", "/nothing-here", { credential: root });
+    expect(r).toMatchObject({ status: 404, body: { detail: "Not Found" } });
+  });
+
+  it("creates nothing when input is refused", async () => {
+    const before = (await call(api, "GET", "/keys", { credential: root })).body.total;
+    await call(api, "POST", "/keys", { credential: root, body: { name: "", scope: "read", group: "acme" } });
+    await call(api, "POST", "/keys", { credential: root, body: { name: "n", scope: "read", group: "nowhere" } });
+    expect((await call(api, "GET", "/keys", { credential: root })).body.total).toBe(before);
+  });
+});
