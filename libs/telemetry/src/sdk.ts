@@ -9,6 +9,13 @@ import { resourceFromAttributes } from "@opentelemetry/resources";
 import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
 
 const SDK_KEY = Symbol.for("platform.telemetry.sdk");
+
+/**
+ * Probe endpoints are not traced: load balancers and orchestrators call them every few seconds,
+ * and their spans would drown the traces people look for (and slow the probes down).
+ */
+const PROBE_PATHS = new Set(["/api/health", "/healthz", "/readyz"]);
+const isProbe = (url: string | undefined) => PROBE_PATHS.has((url ?? "").split("?")[0] ?? "");
 type Holder = { [SDK_KEY]?: NodeSDK };
 
 /** The service name comes from OTEL_SERVICE_NAME, which the fleet runner and deploy files set. */
@@ -31,10 +38,10 @@ export function startTelemetry(extraProcessors: SpanProcessor[] = []): NodeSDK {
     }),
     spanProcessors,
     instrumentations: [
-      new HttpInstrumentation(),
+      new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => isProbe(req.url) }),
       new UndiciInstrumentation(),
       new PgInstrumentation({ requireParentSpan: true }),
-      new fastifyOtel.FastifyOtelInstrumentation({ registerOnInitialization: true }),
+      new fastifyOtel.FastifyOtelInstrumentation({ registerOnInitialization: true, ignorePaths: (opts) => isProbe(opts.url) }),
     ],
   });
   sdk.start();
