@@ -114,9 +114,10 @@ export interface OutboxRelay {
 const BATCH = 100;
 
 /**
- * Publishes committed outbox rows in order. Rows are locked with SKIP LOCKED, so replicas of a
- * service can relay side by side; a publish repeated after a crash carries the same
- * `Nats-Msg-Id` and JetStream drops it as a duplicate.
+ * Publishes committed outbox rows, in commit order within one relay. Rows are locked with SKIP
+ * LOCKED, so replicas of a service can relay side by side (their batches may then interleave:
+ * consumers must not rely on order across entities); a publish repeated after a crash carries the
+ * same `Nats-Msg-Id` and JetStream drops it as a duplicate.
  */
 export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   let stopped = false;
@@ -268,6 +269,11 @@ export async function handleOnce(
   handle: (em: EntityManager, event: EventEnvelope) => Promise<void>,
 ): Promise<boolean> {
   const event = msg.json<EventEnvelope>();
+  if (typeof event.id !== "string" || !event.id) {
+    // Not an outbox event: redelivering it would never make it one.
+    msg.term(`event on ${msg.subject} has no id`);
+    return false;
+  }
   return orm.em.fork().transactional(async (em) => {
     if (!(await claimEvent(em, consumer, event.id))) return false;
     await handle(em, event);
@@ -280,8 +286,9 @@ export function subscribe(bus: Bus, subject: string, handle: (data: EventEnvelop
   const sub = bus.nc.subscribe(bus.subject(subject));
   void (async () => {
     for await (const m of sub) {
+      const parent = extractTraceContext(headersCarrier(m.headers));
       try {
-        await handle(m.json<EventEnvelope>());
+        await withSpan(`receive ${m.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": m.subject } }, async () => handle(m.json<EventEnvelope>()));
       } catch (err) {
         logger.warn({ err, subject }, "subscription handler failed");
       }

@@ -1,0 +1,391 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { context, propagation, trace, SpanKind, type SpanContext } from "@opentelemetry/api";
+import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-hooks";
+import { W3CTraceContextPropagator } from "@opentelemetry/core";
+import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
+import pg from "pg";
+import type { Logger } from "@platform/logger";
+import { enqueueEvent, openDatabase, type MikroORM } from "@platform/db";
+import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import {
+  connectBus,
+  handleOnce,
+  runConsumer,
+  startOutboxRelay,
+  subjects,
+  subscribe,
+  type Bus,
+  type EventEnvelope,
+  type JsMsg,
+  type OutboxRelay,
+  type RunningConsumer,
+} from "../src/index.ts";
+
+// An in-process tracer, so the trace context has something to carry.
+const exporter = new InMemorySpanExporter();
+const provider = new TracerProvider({ spanProcessors: [new SimpleSpanProcessor({ exporter })] });
+context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+trace.setGlobalTracerProvider(provider);
+const testTracer = trace.getTracer("bus-test");
+
+/** A logger that keeps the warnings the bus reports. */
+function recordingLogger() {
+  const warnings: string[] = [];
+  const logger = {
+    warn: (_obj: unknown, msg?: string) => void warnings.push(msg ?? ""),
+    info: () => undefined,
+    error: () => undefined,
+    debug: () => undefined,
+    trace: () => undefined,
+    fatal: () => undefined,
+  } as unknown as Logger;
+  return { logger, warnings };
+}
+
+const prefix = uniquePrefix("tbus");
+const streamName = `${prefix}_EVENTS`;
+const { logger, warnings } = recordingLogger();
+let databaseUrl: string;
+let orm: MikroORM;
+let bus: Bus;
+let db: pg.Client;
+const stoppers: Array<() => Promise<void>> = [];
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  orm = await openDatabase({ url: databaseUrl, schema: "bus_test", entities: [], migrations: [] });
+  db = new pg.Client({ connectionString: databaseUrl });
+  await db.connect();
+  bus = await connectBus({ url: testNatsUrl(), name: "bus-test", prefix, logger });
+});
+
+afterAll(async () => {
+  for (const stop of stoppers.reverse()) await stop().catch(() => undefined);
+  await bus?.close();
+  await orm?.close(true);
+  await db?.end().catch(() => undefined);
+  if (databaseUrl) await dropDatabase(databaseUrl);
+  await deleteBusStreams(prefix);
+  await provider.shutdown();
+  trace.disable();
+  propagation.disable();
+  context.disable();
+});
+
+function relay(pollMs = 60_000): OutboxRelay {
+  const r = startOutboxRelay({ orm, bus, logger, pollMs });
+  stoppers.push(() => r.stop());
+  return r;
+}
+
+async function consumer(durable: string, subject: string, handle: (msg: JsMsg) => Promise<void>): Promise<RunningConsumer> {
+  const c = await runConsumer({ bus, stream: streamName, durable, filterSubject: bus.subject(subject), logger, handle });
+  stoppers.push(() => c.stop());
+  return c;
+}
+
+/** Commits one event through the outbox and returns its id. */
+function commitEvent(subject: string, payload: Record<string, unknown>): Promise<string> {
+  return orm.em.fork().transactional(async (em) => enqueueEvent(em, subject, payload));
+}
+
+/** Messages the events stream holds on one (unprefixed) subject. */
+async function countOn(subject: string): Promise<number> {
+  const full = bus.subject(subject);
+  const info = await bus.jsm.streams.info(streamName, { subjects_filter: full });
+  return info.state.subjects?.[full] ?? 0;
+}
+
+async function publishedAt(id: string): Promise<Date | null> {
+  const r = await db.query<{ published_at: Date | null }>("select published_at from bus_test.outbox where id = $1", [id]);
+  expect(r.rowCount).toBe(1);
+  return r.rows[0]!.published_at;
+}
+
+describe("streams", () => {
+  it("declares the prefixed streams with a duplicate window, and again without harm", async () => {
+    const info = await bus.jsm.streams.info(streamName);
+    expect(info.config.subjects).toEqual([`${prefix}.events.>`]);
+    expect(info.config.duplicate_window).toBe(120_000_000_000);
+    const work = await bus.jsm.streams.info(`${prefix}_WORK`);
+    expect(work.config.subjects).toEqual([`${prefix}.work.>`]);
+    const again = await connectBus({ url: testNatsUrl(), name: "bus-test-2", prefix, logger });
+    await again.close();
+    expect(bus.subject(subjects.work.host("h1"))).toBe(`${prefix}.work.host.h1`);
+    const ack = await bus.js.publish(bus.subject(subjects.work.host("h1")), "{}");
+    expect(ack.stream).toBe(`${prefix}_WORK`);
+  });
+});
+
+describe("outbox relay", () => {
+  let firstId: string;
+  const subject = subjects.events.groupCreated;
+
+  it("publishes a committed event exactly once, with Nats-Msg-Id = event id and the trace context", async () => {
+    let request: SpanContext | undefined;
+    firstId = await testTracer.startActiveSpan("POST /api/groups", async (span) => {
+      request = span.spanContext();
+      try {
+        return await commitEvent(subject, { slug: "g1" });
+      } finally {
+        span.end();
+      }
+    });
+    expect(await countOn(subject)).toBe(0);
+    const r = relay();
+    expect(await r.flush()).toBeGreaterThanOrEqual(1);
+    expect(await countOn(subject)).toBe(1);
+
+    const stored = await bus.jsm.streams.getMessage(streamName, { last_by_subj: bus.subject(subject) });
+    expect(stored).not.toBeNull();
+    expect(stored!.header.get("Nats-Msg-Id")).toBe(firstId);
+    expect(stored!.header.get("traceparent")).toBe(`00-${request!.traceId}-${request!.spanId}-01`);
+    expect(stored!.json()).toEqual({ id: firstId, slug: "g1" });
+    expect(await publishedAt(firstId)).toBeInstanceOf(Date);
+
+    // Nothing is left to publish; the stream still holds one message.
+    expect(await r.flush()).toBe(0);
+    expect(await countOn(subject)).toBe(1);
+    await r.stop();
+  });
+
+  it("drops a repeated publish of the same row within the duplicate window", async () => {
+    // A relay that published and then died before marking the row.
+    await db.query("update bus_test.outbox set published_at = null where id = $1", [firstId]);
+    const r = relay();
+    await r.flush();
+    expect(await publishedAt(firstId)).toBeInstanceOf(Date);
+    expect(await countOn(subject)).toBe(1);
+    await r.stop();
+  });
+
+  it("publishes an event committed while no relay ran once a relay starts", async () => {
+    const s = "events.test.orphan";
+    const id = await commitEvent(s, { n: 1 });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await countOn(s)).toBe(0);
+    expect(await publishedAt(id)).toBeNull();
+    const r = relay(60_000); // never kicked, never flushed: its start alone must pick the row up
+    await expect.poll(() => countOn(s), { timeout: 10_000, interval: 100 }).toBe(1);
+    await expect.poll(() => publishedAt(id), { timeout: 5_000, interval: 100 }).toBeInstanceOf(Date);
+    await r.stop();
+    const stored = await bus.jsm.streams.getMessage(streamName, { last_by_subj: bus.subject(s) });
+    expect(stored!.header.get("Nats-Msg-Id")).toBe(id);
+  });
+
+  it("publishes an event whose writer never kicked the relay, on the next poll", async () => {
+    const s = "events.test.unkicked";
+    const r = relay(300);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const id = await commitEvent(s, { n: 2 });
+    await expect.poll(() => countOn(s), { timeout: 10_000, interval: 100 }).toBe(1);
+    await expect.poll(() => publishedAt(id), { timeout: 5_000, interval: 100 }).toBeInstanceOf(Date);
+    await r.stop();
+  });
+
+  it("publishes nothing for a rolled-back transaction", async () => {
+    const s = "events.test.rolled_back";
+    const r = relay();
+    await r.flush();
+    await expect(
+      orm.em.fork().transactional(async (em) => {
+        enqueueEvent(em, s, { n: 3 });
+        await em.flush();
+        throw new Error("abort");
+      }),
+    ).rejects.toThrow("abort");
+    expect(await r.flush()).toBe(0);
+    const rows = await db.query("select 1 from bus_test.outbox where subject = $1", [s]);
+    expect(rows.rowCount).toBe(0);
+    expect(await countOn(s)).toBe(0);
+    await r.stop();
+  });
+
+  it("publishes many events, more than one batch, in commit order", async () => {
+    const s = "events.test.many";
+    const ids: string[] = [];
+    for (let batch = 0; batch < 3; batch++) {
+      ids.push(
+        ...(await orm.em.fork().transactional(async (em) =>
+          Array.from({ length: 90 }, (_, i) => enqueueEvent(em, s, { i: batch * 90 + i })),
+        )),
+      );
+    }
+    const r = relay();
+    expect(await r.flush()).toBe(270);
+    await r.stop();
+    expect(await countOn(s)).toBe(270);
+    const seen: string[] = [];
+    const ordered = await bus.js.consumers.get(streamName, { filter_subjects: bus.subject(s) });
+    const messages = await ordered.fetch({ max_messages: 270, expires: 5_000 });
+    for await (const m of messages) {
+      seen.push(m.json<EventEnvelope>().id);
+      if (seen.length === 270) break;
+    }
+    expect(seen).toEqual(ids);
+  });
+});
+
+describe("consumers", () => {
+  it("runs the handler once for an event delivered twice", async () => {
+    const s = "events.test.once";
+    const handled: EventEnvelope[] = [];
+    const outcomes: boolean[] = [];
+    await consumer("once", s, async (msg) => {
+      outcomes.push(
+        await handleOnce(orm, "once", msg, async (em, event) => {
+          handled.push(event);
+          enqueueEvent(em, "events.test.once_followup", { about: event.id });
+        }),
+      );
+    });
+    const payload = JSON.stringify({ id: "evt-once-1", app: "web" });
+    await bus.js.publish(bus.subject(s), payload, { msgID: "copy-1" });
+    await bus.js.publish(bus.subject(s), payload, { msgID: "copy-2" });
+    await expect.poll(() => outcomes.length, { timeout: 10_000, interval: 50 }).toBe(2);
+    expect(outcomes).toEqual([true, false]);
+    expect(handled).toEqual([{ id: "evt-once-1", app: "web" }]);
+    const ledger = await db.query("select consumer, event_id from bus_test.processed_events where event_id = 'evt-once-1'");
+    expect(ledger.rows).toEqual([{ consumer: "once", event_id: "evt-once-1" }]);
+    // The handler's write committed with the claim, once.
+    const followups = await db.query("select payload from bus_test.outbox where subject = 'events.test.once_followup'");
+    expect(followups.rows).toEqual([{ payload: { about: "evt-once-1" } }]);
+    // Both copies were acknowledged.
+    await expect
+      .poll(async () => {
+        const info = await bus.jsm.consumers.info(streamName, "once");
+        return info.num_ack_pending + info.num_pending;
+      }, { timeout: 5_000, interval: 100 })
+      .toBe(0);
+  });
+
+  it("redelivers a message whose handler threw, and the retry succeeds", async () => {
+    const s = "events.test.flaky";
+    let attempts = 0;
+    const redelivered: boolean[] = [];
+    const handled: string[] = [];
+    await consumer("flaky", s, async (msg) => {
+      attempts++;
+      redelivered.push(msg.redelivered);
+      const event = msg.json<EventEnvelope>();
+      const ran = await handleOnce(orm, "flaky", msg, async () => {
+        if (attempts === 1) throw new Error("transient failure");
+      });
+      // Counted once the handler's transaction committed.
+      if (ran) handled.push(event.id);
+    });
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "evt-flaky-1" }), { msgID: "evt-flaky-1" });
+    await expect.poll(() => handled.length, { timeout: 15_000, interval: 50 }).toBe(1);
+    expect(attempts).toBe(2);
+    expect(redelivered).toEqual([false, true]);
+    expect(handled).toEqual(["evt-flaky-1"]);
+    expect(warnings).toContain("event handler failed; redelivering");
+    const ledger = await db.query("select count(*)::int as n from bus_test.processed_events where consumer = 'flaky'");
+    expect(ledger.rows[0]).toEqual({ n: 1 });
+  });
+
+  it("continues the trace of the request that enqueued the event", async () => {
+    const s = "events.test.traced";
+    const seen: SpanContext[] = [];
+    await consumer("traced", s, async () => {
+      const span = trace.getActiveSpan();
+      if (span) seen.push(span.spanContext());
+    });
+    const r = relay();
+    let request: SpanContext | undefined;
+    await testTracer.startActiveSpan("POST /api/apps", async (span) => {
+      request = span.spanContext();
+      await commitEvent(s, { n: 1 });
+      span.end();
+    });
+    await r.flush();
+    await expect.poll(() => seen.length, { timeout: 10_000, interval: 50 }).toBe(1);
+    expect(seen[0]!.traceId).toBe(request!.traceId);
+    // The span ends just after the handler returns.
+    const find = () => exporter.getFinishedSpans().find((sp) => sp.name === `consume ${bus.subject(s)}`);
+    await expect.poll(find, { timeout: 5_000, interval: 20 }).toBeDefined();
+    const consumed = find();
+    expect(consumed!.kind).toBe(SpanKind.CONSUMER);
+    expect(consumed!.spanContext().traceId).toBe(request!.traceId);
+    expect(consumed!.parentSpanContext?.spanId).toBe(request!.spanId);
+    expect(consumed!.parentSpanContext?.isRemote).toBe(true);
+  });
+
+  it("resumes after a restart without handling acknowledged messages again", async () => {
+    const s = "events.test.durable";
+    const first: string[] = [];
+    const c1 = await consumer("durable", s, async (msg) => void first.push(msg.json<EventEnvelope>().id));
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d1" }));
+    await expect.poll(() => first.length, { timeout: 10_000, interval: 50 }).toBe(1);
+    await c1.stop();
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d2" }));
+    const second: string[] = [];
+    await consumer("durable", s, async (msg) => void second.push(msg.json<EventEnvelope>().id));
+    await expect.poll(() => second.length, { timeout: 10_000, interval: 50 }).toBe(1);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(first).toEqual(["d1"]);
+    expect(second).toEqual(["d2"]);
+  });
+});
+
+describe("subscribe", () => {
+  it("sees events the relay publishes, and survives a handler that throws", async () => {
+    const s = subjects.events.credentialRevoked;
+    const received: EventEnvelope[] = [];
+    const sub = subscribe(
+      bus,
+      s,
+      (event) => {
+        received.push(event);
+        if (received.length === 1) throw new Error("handler bug");
+      },
+      logger,
+    );
+    stoppers.push(async () => sub.unsubscribe());
+    await bus.nc.flush();
+    const r = relay();
+    const a = await commitEvent(s, { key: "k1" });
+    const b = await commitEvent(s, { key: "k2" });
+    await r.flush();
+    await expect.poll(() => received.length, { timeout: 10_000, interval: 50 }).toBe(2);
+    expect(received).toEqual([
+      { id: a, key: "k1" },
+      { id: b, key: "k2" },
+    ]);
+    expect(warnings).toContain("subscription handler failed");
+  });
+
+  it("continues the trace of the request that enqueued the event", async () => {
+    const s = "events.test.sub_traced";
+    const seen: SpanContext[] = [];
+    const sub = subscribe(
+      bus,
+      s,
+      () => {
+        const span = trace.getActiveSpan();
+        if (span) seen.push(span.spanContext());
+      },
+      logger,
+    );
+    stoppers.push(async () => sub.unsubscribe());
+    await bus.nc.flush();
+    const r = relay();
+    let request: SpanContext | undefined;
+    await testTracer.startActiveSpan("DELETE /api/keys/k1", async (span) => {
+      request = span.spanContext();
+      await commitEvent(s, { key: "k1" });
+      span.end();
+    });
+    await r.flush();
+    await expect.poll(() => seen.length, { timeout: 10_000, interval: 50 }).toBe(1);
+    expect(seen[0]!.traceId).toBe(request!.traceId);
+    const find = () => exporter.getFinishedSpans().find((sp) => sp.spanContext().spanId === seen[0]!.spanId);
+    await expect.poll(find, { timeout: 5_000, interval: 20 }).toBeDefined();
+    const received = find();
+    expect(received?.name).toBe(`receive ${bus.subject(s)}`);
+    expect(received?.kind).toBe(SpanKind.CONSUMER);
+    expect(received?.parentSpanContext?.spanId).toBe(request!.spanId);
+    expect(received?.parentSpanContext?.isRemote).toBe(true);
+  });
+});
