@@ -1,0 +1,235 @@
+/**
+ * The test harness. End-to-end tests start a whole fleet as real processes on free ports with
+ * `startTestFleet()`: its own database on the machine's Postgres, its own NATS subject and stream
+ * prefix, its own root key, so fleets of different test files never see each other. Integration
+ * tests of one service use `createTestDatabase()` and `uniquePrefix()` the same way.
+ *
+ * The machine's Postgres and NATS must answer (DATABASE_URL / NATS_URL, or the defaults);
+ * `npm test` makes sure of that before running the tests.
+ */
+import path from "node:path";
+import { randomBytes } from "node:crypto";
+import pg from "pg";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import {
+  DEFAULT_DATABASE_URL,
+  DEFAULT_NATS_URL,
+  REPO_ROOT,
+  freePorts,
+  generateRootKey,
+  portsFromList,
+  serviceUrls,
+  startFleet,
+  type FleetProcess,
+} from "@platform/fleet";
+
+export { freePort, freePorts, generateRootKey } from "@platform/fleet";
+
+/** Databases this harness creates are named `platform_test_<random>`; only those may be dropped. */
+export const TEST_DATABASE_PREFIX = "platform_test_";
+
+/** The Postgres server tests use: DATABASE_URL (its database name is ignored) or the default. */
+export function testServerUrl(): string {
+  return process.env.DATABASE_URL || DEFAULT_DATABASE_URL;
+}
+
+export function testNatsUrl(): string {
+  return process.env.NATS_URL || DEFAULT_NATS_URL;
+}
+
+/** A short random token, e.g. `t3f9a0c1b2e`: usable as a BUS_PREFIX, stream-name part or schema suffix. */
+export function uniquePrefix(base = "t"): string {
+  return `${base}${randomBytes(5).toString("hex")}`;
+}
+
+function withDatabase(serverUrl: string, name: string): string {
+  const url = new URL(serverUrl);
+  url.pathname = `/${encodeURIComponent(name)}`;
+  return url.toString();
+}
+
+function databaseName(url: string): string {
+  return decodeURIComponent(new URL(url).pathname.slice(1));
+}
+
+async function withAdmin<T>(serverUrl: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: withDatabase(serverUrl, "postgres"), connectionTimeoutMillis: 5000 });
+  client.on("error", () => undefined);
+  try {
+    await client.connect();
+  } catch (err) {
+    throw new Error(
+      `Postgres at ${new URL(serverUrl).host} does not answer (${err instanceof Error ? err.message : String(err)}). ` +
+        "Run the tests with `npm test`, which starts Postgres and NATS when they are not running.",
+      { cause: err },
+    );
+  }
+  try {
+    return await fn(client);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+export interface TestDatabaseOptions {
+  /** The database name (default `platform_test_<random>`). */
+  name?: string;
+  /** The Postgres server (default `testServerUrl()`). */
+  serverUrl?: string;
+}
+
+/** Creates a fresh, empty database and returns its URL. */
+export async function createTestDatabase(opts: TestDatabaseOptions = {}): Promise<string> {
+  const serverUrl = opts.serverUrl ?? testServerUrl();
+  const name = opts.name ?? `${TEST_DATABASE_PREFIX}${randomBytes(5).toString("hex")}`;
+  await withAdmin(serverUrl, async (client) => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await client.query(`create database ${pg.escapeIdentifier(name)}`);
+        return;
+      } catch (err) {
+        // 55006: template1 is busy (another create database at the same moment); try again.
+        if ((err as { code?: string }).code !== "55006" || attempt >= 10) throw err;
+        await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
+      }
+    }
+  });
+  return withDatabase(serverUrl, name);
+}
+
+/**
+ * Drops a test database, disconnecting whoever is still connected (`with (force)`). Refuses a
+ * database whose name does not start with `platform_test_` unless `anyName` is set.
+ */
+export async function dropDatabase(url: string, opts: { anyName?: boolean } = {}): Promise<void> {
+  const name = databaseName(url);
+  if (!name) throw new Error(`no database name in ${url}`);
+  if (!opts.anyName && !name.startsWith(TEST_DATABASE_PREFIX)) {
+    throw new Error(`refusing to drop ${name}: not a test database (${TEST_DATABASE_PREFIX}*)`);
+  }
+  await withAdmin(url, async (client) => {
+    await client.query(`drop database if exists ${pg.escapeIdentifier(name)} with (force)`);
+  });
+}
+
+/** Deletes every JetStream stream (KV and object-store buckets included) whose name contains `prefix`. */
+export async function deleteBusStreams(prefix: string, natsUrl: string = testNatsUrl()): Promise<void> {
+  if (prefix.length < 6) throw new Error(`refusing to delete streams by the short prefix '${prefix}'`);
+  const nc = await connect({ servers: natsUrl, timeout: 5000, reconnect: false, name: "platform-test-cleanup" });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const doomed: string[] = [];
+    for await (const name of jsm.streams.names()) if (name.includes(prefix)) doomed.push(name);
+    for (const name of doomed) await jsm.streams.delete(name).catch(() => undefined);
+  } finally {
+    await nc.close().catch(() => undefined);
+  }
+}
+
+export interface TestFleetOptions {
+  /** Extra environment for every process, e.g. `{ OTEL_EXPORTER_OTLP_ENDPOINT: "http://127.0.0.1:4318" }`. */
+  env?: Record<string, string | undefined>;
+  /** Gateway processes sharing the rest of the fleet (default 1). */
+  gatewayReplicas?: number;
+  /** The root key to seed (default: a new one). */
+  rootKey?: string;
+  /** Start the agent (default true). */
+  agent?: boolean;
+  /** How long one process may take to become ready (default 120 s). */
+  readyTimeoutMs?: number;
+  /**
+   * Also write each process's output to `<logDir>/<name>.log`. Defaults to
+   * `$TEST_FLEET_LOG_DIR/<busPrefix>` when that variable is set.
+   */
+  logDir?: string;
+}
+
+export interface TestFleet {
+  /** Base URL of the first gateway's API, ending in `/api`. */
+  api: string;
+  /** Every gateway replica's API base URL. */
+  apis: string[];
+  /** The root key (admin scope, platform operator) for `Authorization: Bearer`. */
+  rootKey: string;
+  /** The environment the processes share (DATABASE_URL, NATS_URL, BUS_PREFIX, <SERVICE>_URL, ...). */
+  env: Record<string, string>;
+  databaseUrl: string;
+  natsUrl: string;
+  busPrefix: string;
+  processes: FleetProcess[];
+  /** The collected output of one process (`identity`, `gateway`, `gateway-2`, `agent`, ...). */
+  logs(name: string): string;
+  /** Stops every process, drops the database and deletes the fleet's streams. */
+  stop(): Promise<void>;
+}
+
+/** Variables of the test runner that must not leak into the fleet's processes. */
+function inheritedEnv(): Record<string, string | undefined> {
+  const env: Record<string, string | undefined> = { ...process.env };
+  for (const key of Object.keys(env)) {
+    // HOST: the gateway of a test fleet listens on 127.0.0.1, where the harness looks for it.
+    if (key.startsWith("VITEST") || ["NODE_OPTIONS", "TEST", "PLATFORM_ROOT_KEY", "BUS_PREFIX", "HOST"].includes(key)) {
+      delete env[key];
+    }
+  }
+  return env;
+}
+
+export async function startTestFleet(options: TestFleetOptions = {}): Promise<TestFleet> {
+  const replicas = options.gatewayReplicas ?? 1;
+  if (!Number.isInteger(replicas) || replicas < 1) throw new Error(`gatewayReplicas must be a whole number >= 1 (got ${replicas})`);
+  const busPrefix = uniquePrefix("t");
+  const natsUrl = testNatsUrl();
+  const databaseUrl = await createTestDatabase({ name: `${TEST_DATABASE_PREFIX}${busPrefix.slice(1)}` });
+  const rootKey = options.rootKey ?? generateRootKey();
+  const ports = portsFromList(await freePorts(8 + replicas + 1), replicas);
+  const env: Record<string, string> = {};
+  const shared: Record<string, string | undefined> = {
+    ...inheritedEnv(),
+    LOG_LEVEL: process.env.TEST_LOG_LEVEL || process.env.LOG_LEVEL || "info",
+    DATABASE_URL: databaseUrl,
+    NATS_URL: natsUrl,
+    BUS_PREFIX: busPrefix,
+    ...options.env,
+  };
+  for (const [k, v] of Object.entries(shared)) if (v !== undefined) env[k] = v;
+  const logDir = options.logDir ?? (process.env.TEST_FLEET_LOG_DIR ? path.resolve(REPO_ROOT, process.env.TEST_FLEET_LOG_DIR, busPrefix) : undefined);
+
+  const cleanup = async () => {
+    await dropDatabase(databaseUrl).catch(() => undefined);
+    await deleteBusStreams(busPrefix, natsUrl).catch(() => undefined);
+  };
+  let fleet;
+  try {
+    fleet = await startFleet({
+      env,
+      ports,
+      rootKey,
+      output: "collect",
+      logDir,
+      agent: options.agent,
+      readyTimeoutMs: options.readyTimeoutMs,
+    });
+  } catch (err) {
+    await cleanup();
+    throw err;
+  }
+  const started = fleet;
+  let stopped: Promise<void> | undefined;
+  return {
+    api: `${started.gatewayUrl}/api`,
+    apis: started.gatewayUrls.map((u) => `${u}/api`),
+    rootKey,
+    env: { ...env, ...serviceUrls(ports) },
+    databaseUrl,
+    natsUrl,
+    busPrefix,
+    processes: started.processes,
+    logs: (name) => started.logs(name),
+    stop() {
+      stopped ??= started.stop().then(cleanup);
+      return stopped;
+    },
+  };
+}

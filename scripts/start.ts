@@ -1,0 +1,110 @@
+/**
+ * `npm start`: the whole platform on this machine. Postgres and NATS are used when they answer
+ * and started under .data/ when they do not; then the eight services, the gateway and one agent
+ * start as child processes with their output prefixed by name. Ctrl-C stops everything this
+ * started (the fleet, then the Postgres/NATS it started; never the machine's own).
+ */
+import path from "node:path";
+import { GATEWAY_PORT } from "@platform/config";
+import {
+  DEFAULT_DATA_DIR,
+  DEFAULT_DATABASE_URL,
+  DEFAULT_NATS_URL,
+  FleetStartError,
+  InfrastructureError,
+  REPO_ROOT,
+  defaultPorts,
+  ensureInfrastructure,
+  loadOrCreateRootKey,
+  rootKeyFile,
+  startFleet,
+  type Fleet,
+  type StartedInfrastructure,
+} from "@platform/fleet";
+
+const env = { ...process.env };
+env.DATABASE_URL ||= DEFAULT_DATABASE_URL;
+env.NATS_URL ||= DEFAULT_NATS_URL;
+const port = Number(env.PORT || GATEWAY_PORT);
+if (!Number.isInteger(port) || port < 1 || port > 65535) {
+  process.stderr.write(`Invalid environment variable PORT: must be a port between 1 and 65535 (got '${env.PORT}')\n`);
+  process.exit(1);
+}
+
+const say = (line = "") => process.stdout.write(`${line}\n`);
+const abort = new AbortController();
+let infra: StartedInfrastructure | undefined;
+let fleet: Fleet | undefined;
+let starting: Promise<unknown> | undefined;
+let stopping = false;
+
+async function shutdown(code: number): Promise<never> {
+  stopping = true;
+  const began = Date.now();
+  abort.abort();
+  await starting?.catch(() => undefined);
+  await fleet?.stop();
+  if (infra && infra.started.length > 0) say(`stopping ${infra.started.join(" and ")}`);
+  await infra?.stop();
+  if (fleet || infra?.started.length) say(`stopped (${((Date.now() - began) / 1000).toFixed(1)} s)`);
+  process.exit(code);
+}
+
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    if (stopping) {
+      say("stopping now");
+      process.exit(130);
+    }
+    say(`\n${signal === "SIGINT" ? "Ctrl-C" : signal}: stopping (press Ctrl-C again to force)`);
+    void shutdown(0);
+  });
+}
+
+function fail(err: unknown): Promise<never> {
+  if (!stopping) {
+    const known = err instanceof InfrastructureError || err instanceof FleetStartError;
+    process.stderr.write(`\nnpm start failed: ${known ? (err as Error).message : err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  }
+  return shutdown(1);
+}
+
+async function main(): Promise<void> {
+  starting = ensureInfrastructure({
+    databaseUrl: env.DATABASE_URL!,
+    natsUrl: env.NATS_URL!,
+    dataDir: DEFAULT_DATA_DIR,
+    log: (line) => say(`[infra] ${line}`),
+  });
+  infra = (await starting) as StartedInfrastructure;
+  if (stopping) return;
+
+  const rootKeyFromEnv = Boolean(env.PLATFORM_ROOT_KEY?.trim());
+  const rootKey = loadOrCreateRootKey(DEFAULT_DATA_DIR, env);
+  starting = startFleet({
+    env,
+    rootKey,
+    ports: defaultPorts(port),
+    output: "prefix",
+    signal: abort.signal,
+  });
+  fleet = (await starting) as Fleet;
+  starting = undefined;
+
+  const api = `${fleet.gatewayUrl}/api`;
+  const keySource = rootKeyFromEnv ? "from PLATFORM_ROOT_KEY" : `stored in ${path.relative(REPO_ROOT, rootKeyFile(DEFAULT_DATA_DIR))}`;
+  say();
+  say("  The platform is running.");
+  say();
+  say(`    API        ${api}`);
+  say(`    Docs       ${api}/docs`);
+  say(`    Root key   ${rootKey}   (${keySource})`);
+  say();
+  say("  Try it:");
+  say(`    curl -H "Authorization: Bearer ${rootKey}" ${api}/auth/me`);
+  say();
+  say("  Ctrl-C stops everything.");
+  say();
+}
+
+main().catch(fail);
