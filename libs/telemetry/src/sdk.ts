@@ -37,6 +37,10 @@ export function startTelemetry(extraProcessors: SpanProcessor[] = []): NodeSDK {
       [ATTR_SERVICE_VERSION]: process.env.npm_package_version ?? "0.1.0",
     }),
     spanProcessors,
+    // Traces only: without these the SDK sets up OTLP metric and log exporters by default and
+    // spends seconds at every shutdown trying to flush them to a collector that may not exist.
+    metricReaders: [],
+    logRecordProcessors: [],
     instrumentations: [
       new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => isProbe(req.url) }),
       new UndiciInstrumentation(),
