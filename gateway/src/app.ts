@@ -3,7 +3,7 @@
  * calls the owning service; it holds no business state.
  */
 import { readFileSync } from "node:fs";
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import swagger from "@fastify/swagger";
 import { gatewayEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
@@ -34,7 +34,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   const app = Fastify({
     // Fastify types its logger against its own pino major; ours is API-compatible.
     loggerInstance: logger as unknown as FastifyBaseLogger,
-    disableRequestLogging: true,
+    // Requests are traced; a log line per request would only repeat the span.
+    logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.BODY_LIMIT_BYTES,
     trustProxy: true,
     routerOptions: { ignoreTrailingSlash: true },
@@ -71,7 +72,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
 
   // Every replica drops a revoked credential as soon as identity announces it.
   bus = await connectBus({ url: config.NATS_URL, name: "gateway", prefix: config.BUS_PREFIX ?? "", logger });
-  const revocations = subscribe(bus, subjects.events.credentialRevoked, (event) => cache.invalidate(String(event.id)), logger);
+  const revocations = subscribe(bus, subjects.events.credentialRevoked, (event) => cache.invalidate(String(event.data.id)), logger);
 
   await app.ready();
   return {

@@ -137,7 +137,7 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
       for (const row of rows) {
         const h = natsHeaders();
         for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
-        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, ...row.payload }), { msgID: row.id, headers: h });
+        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, data: row.payload }), { msgID: row.id, headers: h });
       }
       if (rows.length > 0) {
         await conn.execute("update outbox set published_at = now() where id in (?)", [rows.map((r) => r.id)], "run", ctx);
@@ -184,9 +184,10 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   };
 }
 
+/** What an outbox event looks like on the bus: its own id (the dedupe key) and the payload. */
 export interface EventEnvelope {
   id: string;
-  [key: string]: unknown;
+  data: Record<string, unknown>;
 }
 
 export interface ConsumerOptions {

@@ -141,12 +141,22 @@ describe("outbox relay", () => {
     expect(stored).not.toBeNull();
     expect(stored!.header.get("Nats-Msg-Id")).toBe(firstId);
     expect(stored!.header.get("traceparent")).toBe(`00-${request!.traceId}-${request!.spanId}-01`);
-    expect(stored!.json()).toEqual({ id: firstId, slug: "g1" });
+    expect(stored!.json()).toEqual({ id: firstId, data: { slug: "g1" } });
     expect(await publishedAt(firstId)).toBeInstanceOf(Date);
 
     // Nothing is left to publish; the stream still holds one message.
     expect(await r.flush()).toBe(0);
     expect(await countOn(subject)).toBe(1);
+    await r.stop();
+  });
+
+  it("keeps the event id apart from a payload that has an id of its own", async () => {
+    const eventId = await commitEvent(subjects.events.credentialRevoked, { kind: "api_key", id: "key-1" });
+    const r = relay();
+    await r.flush();
+    const stored = await bus.jsm.streams.getMessage(streamName, { last_by_subj: bus.subject(subjects.events.credentialRevoked) });
+    expect(stored!.json()).toEqual({ id: eventId, data: { kind: "api_key", id: "key-1" } });
+    expect(eventId).not.toBe("key-1");
     await r.stop();
   });
 
@@ -240,12 +250,12 @@ describe("consumers", () => {
         }),
       );
     });
-    const payload = JSON.stringify({ id: "evt-once-1", app: "web" });
+    const payload = JSON.stringify({ id: "evt-once-1", data: { app: "web" } });
     await bus.js.publish(bus.subject(s), payload, { msgID: "copy-1" });
     await bus.js.publish(bus.subject(s), payload, { msgID: "copy-2" });
     await expect.poll(() => outcomes.length, { timeout: 10_000, interval: 50 }).toBe(2);
     expect(outcomes).toEqual([true, false]);
-    expect(handled).toEqual([{ id: "evt-once-1", app: "web" }]);
+    expect(handled).toEqual([{ id: "evt-once-1", data: { app: "web" } }]);
     const ledger = await db.query("select consumer, event_id from bus_test.processed_events where event_id = 'evt-once-1'");
     expect(ledger.rows).toEqual([{ consumer: "once", event_id: "evt-once-1" }]);
     // The handler's write committed with the claim, once.
@@ -275,7 +285,7 @@ describe("consumers", () => {
       // Counted once the handler's transaction committed.
       if (ran) handled.push(event.id);
     });
-    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "evt-flaky-1" }), { msgID: "evt-flaky-1" });
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "evt-flaky-1", data: {} }), { msgID: "evt-flaky-1" });
     await expect.poll(() => handled.length, { timeout: 15_000, interval: 50 }).toBe(1);
     expect(attempts).toBe(2);
     expect(redelivered).toEqual([false, true]);
@@ -316,10 +326,10 @@ describe("consumers", () => {
     const s = "events.test.durable";
     const first: string[] = [];
     const c1 = await consumer("durable", s, async (msg) => void first.push(msg.json<EventEnvelope>().id));
-    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d1" }));
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d1", data: {} }));
     await expect.poll(() => first.length, { timeout: 10_000, interval: 50 }).toBe(1);
     await c1.stop();
-    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d2" }));
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "d2", data: {} }));
     const second: string[] = [];
     await consumer("durable", s, async (msg) => void second.push(msg.json<EventEnvelope>().id));
     await expect.poll(() => second.length, { timeout: 10_000, interval: 50 }).toBe(1);
@@ -350,8 +360,8 @@ describe("subscribe", () => {
     await r.flush();
     await expect.poll(() => received.length, { timeout: 10_000, interval: 50 }).toBe(2);
     expect(received).toEqual([
-      { id: a, key: "k1" },
-      { id: b, key: "k2" },
+      { id: a, data: { key: "k1" } },
+      { id: b, data: { key: "k2" } },
     ]);
     expect(warnings).toContain("subscription handler failed");
   });

@@ -1,5 +1,5 @@
 import { NodeSDK } from "@opentelemetry/sdk-node";
-import { BatchSpanProcessor, type SpanProcessor } from "@opentelemetry/sdk-trace";
+import { AlwaysOffSampler, BatchSpanProcessor, ParentBasedSampler, AlwaysOnSampler, type SpanProcessor } from "@opentelemetry/sdk-trace";
 import { OTLPTraceExporter } from "@opentelemetry/exporter-trace-otlp-http";
 import { HttpInstrumentation } from "@opentelemetry/instrumentation-http";
 import { UndiciInstrumentation } from "@opentelemetry/instrumentation-undici";
@@ -31,7 +31,11 @@ export function startTelemetry(extraProcessors: SpanProcessor[] = []): NodeSDK {
   if (process.env.OTEL_EXPORTER_OTLP_ENDPOINT) {
     spanProcessors.push(new BatchSpanProcessor({ exporter: new OTLPTraceExporter(), scheduledDelayMillis: 500 }));
   }
+  // With nowhere to send spans, none are recorded: context still propagates (trace ids in logs
+  // and headers) but no span is built only to be dropped on every request.
+  const recording = spanProcessors.length > 0;
   const sdk = new NodeSDK({
+    sampler: recording ? new ParentBasedSampler({ root: new AlwaysOnSampler() }) : new AlwaysOffSampler(),
     resource: resourceFromAttributes({
       [ATTR_SERVICE_NAME]: serviceName(),
       [ATTR_SERVICE_VERSION]: process.env.npm_package_version ?? "0.1.0",

@@ -138,7 +138,7 @@ describe("API keys", () => {
       const err = await refusal(client.verifyCredential({ credential }));
       expect(err).toMatchObject({ status: 401, detail: "Invalid or revoked API key" });
     }
-    await expect.poll(() => events.map((e) => e.id)).toContain(r.key!.id);
+    await expect.poll(() => events.map((e) => e.data.id)).toContain(r.key!.id);
   });
 
   it("lets a tenant mint only for its own group and at most its own scope", async () => {
@@ -253,7 +253,7 @@ describe("sessions", () => {
     expect(await refusal(client.revokeSession({ caller: callerA, id: b.session.id }))).toMatchObject({ status: 404 });
     await client.revokeSession({ caller: callerA, id: a.session.id });
     expect(await refusal(client.verifyCredential({ credential: a.token }))).toMatchObject({ status: 401 });
-    await expect.poll(() => events.map((e) => e.id)).toContain(a.session.id);
+    await expect.poll(() => events.map((e) => e.data.id)).toContain(a.session.id);
     const keyCaller = makeCaller({ kind: "api_key", principalId: "k", scope: "admin" });
     expect(await refusal(client.listSessions({ caller: keyCaller }))).toMatchObject({ status: 403 });
   });
