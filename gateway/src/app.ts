@@ -9,11 +9,12 @@ import { gatewayEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
 import { connectBus, subjects, subscribe, type Bus } from "@platform/bus";
 import { createServiceClient } from "@platform/rpc";
-import { IdentityService } from "@platform/proto";
+import { AppsBuildsService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
+import { appRoutes } from "./routes/apps.ts";
 import { authRoutes } from "./routes/auth.ts";
 import { docsRoutes } from "./routes/docs.ts";
 import { groupRoutes } from "./routes/groups.ts";
@@ -41,6 +42,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     routerOptions: { ignoreTrailingSlash: true },
   });
   const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
+  const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL);
   const cache = new CredentialCache(config.CREDENTIAL_CACHE_TTL_MS);
   let bus: Bus | null = null;
 
@@ -68,6 +70,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   groupRoutes(app, identity);
   keyRoutes(app, identity, cache);
   authRoutes(app, identity, cache);
+  appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);
 
   // Every replica drops a revoked credential as soon as identity announces it.

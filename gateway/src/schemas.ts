@@ -72,4 +72,59 @@ export const apiKeySchema = {
   required: ["id", "prefix", "name", "scope", "group_slug", "kind", "created_at", "last_used_at", "revoked_at"],
 } as const;
 
-export const sharedSchemas = [errorSchema, groupSchema, apiKeySchema];
+const nullableString = { type: ["string", "null"] } as const;
+
+export const appSchema = {
+  $id: "App",
+  type: "object",
+  description: "An app on one branch (doc 1 section 2.1). The single-app response adds the last_* fields.",
+  properties: {
+    id: { type: "string", format: "uuid" },
+    app_name: { type: "string" },
+    display_name: { type: "string" },
+    slug: { type: "string" },
+    group_slug: { type: "string" },
+    branch: { type: "string" },
+    repository: { type: "string" },
+    config_path: { type: "string" },
+    description: { type: "string" },
+    deploy_status: { type: "string", description: "undeployed until the first deploy; then running, deploying, failed, undeploy_failed..." },
+    visibility: { type: "string", enum: ["public", "private"] },
+    is_production: { type: "boolean" },
+    latest_build: nullableString,
+    build_count: { type: "integer" },
+    running_version: nullableString,
+    running_build_id: nullableString,
+    running_since: nullableString,
+    urls: { type: "array", items: { type: "string" } },
+    services: { type: "array", items: { type: "object", properties: { name: { type: "string" }, url: nullableString } } },
+    database_enabled: { type: "boolean" },
+    cache_enabled: { type: "boolean" },
+    email_enabled: { type: "boolean" },
+    preflight_status: { type: "string", enum: ["pending", "no_access", "needs_config", "config_invalid", "ready", "exempt"] },
+    preflight_result: {
+      type: ["object", "null"],
+      properties: {
+        reason: { type: "string" },
+        detail: { type: "string" },
+        services: { type: "array", items: { type: "string" } },
+        missing_paths: { type: "array", items: { type: "string" } },
+        errors: { type: "array", items: { type: "object", additionalProperties: true } },
+      },
+    },
+    deploy_warning: nullableString,
+    warnings: { type: "array", items: { type: "string" } },
+    created_by: { type: "string" },
+    created_at: { type: "string" },
+    updated_at: { type: "string" },
+    last_deploy_status: nullableString,
+    last_deploy_error: nullableString,
+    last_crash_output: { type: ["object", "null"], additionalProperties: { type: "array", items: { type: "string" } } },
+    last_build_status: nullableString,
+    last_build_error: nullableString,
+    preflight_action_id: { type: "string", description: "Registration only: the preflight queued for the new app." },
+  },
+  required: ["id", "app_name", "group_slug", "branch", "repository", "deploy_status", "preflight_status", "urls"],
+} as const;
+
+export const sharedSchemas = [errorSchema, groupSchema, apiKeySchema, appSchema];

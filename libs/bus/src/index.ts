@@ -197,6 +197,8 @@ export interface ConsumerOptions {
   filterSubject: string;
   logger: Logger;
   handle: (msg: JsMsg) => Promise<void>;
+  /** How long a handler may take before JetStream redelivers (default 30 s). */
+  ackWaitMs?: number;
 }
 
 export interface RunningConsumer {
@@ -215,7 +217,7 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
       filter_subject: opts.filterSubject,
       ack_policy: AckPolicy.Explicit,
       deliver_policy: DeliverPolicy.All,
-      ack_wait: 30_000_000_000,
+      ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
       max_deliver: -1,
     })
     .catch(async (err: unknown) => {

@@ -9,6 +9,15 @@ export const events = {
   /** A key or session stopped being valid; gateways drop it from their credential caches. */
   credentialRevoked: "events.identity.credential_revoked",
   groupCreated: "events.identity.group_created",
+  /** An app's repository check is (re)queued; apps-builds asks an agent and records the answer. */
+  preflightRequested: "events.apps_builds.preflight_requested",
+  /**
+   * A build was accepted (POST /api/builds): deploy-queue creates the BUILD action (its id is the
+   * build id) and, with auto_deploy, the dependent DEPLOY.
+   */
+  buildRequested: "events.apps_builds.build_requested",
+  /** A queue action changed state (claimed, phase, finished); apps-builds keeps builds rows in step. */
+  actionUpdated: "events.deploy_queue.action_updated",
 } as const;
 
 export const work = {
@@ -18,9 +27,13 @@ export const work = {
 } as const;
 
 export const agentRpc = (hostId: string, op: string) => `agent.rpc.${hostId}.${op}`;
+/** A fast RPC any agent may answer (agents subscribe with one queue group). */
+export const agentRpcAny = (op: string) => `agent.rpc.any.${op}`;
 export const heartbeat = (hostId: string) => `agent.hb.${hostId}`;
 export const heartbeats = "agent.hb.*";
-export const logs = (app: string, source: string) => `logs.${app}.${source}`;
+/** Log lines agents ship: `logs.<app>.<source>` (`_platform` for lines of no app). */
+export const logs = (app: string, source: string) => `logs.${app || "_platform"}.${source}`;
+export const allLogs = "logs.>";
 
 export interface StreamDeclaration {
   name: string;
@@ -30,11 +43,13 @@ export interface StreamDeclaration {
 }
 
 /** Streams the platform declares; `prefix` isolates test runs that share one NATS server. */
-export function streams(prefix = ""): Record<"events" | "work", StreamDeclaration> {
+export function streams(prefix = ""): Record<"events" | "work" | "logs", StreamDeclaration> {
   const p = prefix ? `${prefix}_` : "";
   const sp = prefix ? `${prefix}.` : "";
   return {
     events: { name: `${p}EVENTS`, subjects: [`${sp}${events.all}`], maxAgeSeconds: 7 * 24 * 3600 },
     work: { name: `${p}WORK`, subjects: [`${sp}${work.all}`], maxAgeSeconds: 30 * 24 * 3600 },
+    // Log lines wait here until health-aggregator has stored them; Postgres keeps them after.
+    logs: { name: `${p}LOGS`, subjects: [`${sp}${allLogs}`], maxAgeSeconds: 24 * 3600 },
   };
 }

@@ -219,6 +219,25 @@ export const identityEnv = {
   },
 } as const satisfies EnvSpec;
 
+/** Local file:// repositories are for one-machine platforms and tests (ARCHITECTURE section 8). */
+const fileRepos = {
+  PLATFORM_ALLOW_FILE_REPOS: {
+    type: "bool",
+    optional: true,
+    description: "accept file:// repositories (default: true in the dev environment, false elsewhere)",
+  },
+} as const satisfies EnvSpec;
+
+/** Whether file:// repositories are accepted: explicit setting, else only in `dev`. */
+export function allowFileRepos(config: { PLATFORM_ALLOW_FILE_REPOS?: boolean; PLATFORM_ENVIRONMENT: string }): boolean {
+  return config.PLATFORM_ALLOW_FILE_REPOS ?? config.PLATFORM_ENVIRONMENT === "dev";
+}
+
+export const appsBuildsEnv = {
+  ...serviceEnv("apps-builds"),
+  ...fileRepos,
+} as const satisfies EnvSpec;
+
 export const gatewayEnv = {
   ...common,
   PORT: { type: "port", default: String(GATEWAY_PORT), description: "HTTP port of the /api gateway" },
@@ -254,7 +273,7 @@ export const agentEnv = {
 /** The variables each process of the fleet reads; deploy files are checked against this. */
 export const FLEET_ENV: Record<ServiceName | "gateway" | "agent", EnvSpec> = {
   identity: identityEnv,
-  "apps-builds": serviceEnv("apps-builds"),
+  "apps-builds": appsBuildsEnv,
   "deploy-queue": serviceEnv("deploy-queue"),
   "domains-dns": serviceEnv("domains-dns"),
   mailer: serviceEnv("mailer"),

@@ -1,6 +1,6 @@
-import { loadConfigOrExit, serviceEnv } from "@platform/config";
+import { appsBuildsEnv, loadConfigOrExit } from "@platform/config";
 import { runMain } from "@platform/service";
 import { build } from "./app.ts";
 
-const config = loadConfigOrExit(serviceEnv("apps-builds"));
+const config = loadConfigOrExit(appsBuildsEnv);
 runMain("apps-builds", () => build(config));

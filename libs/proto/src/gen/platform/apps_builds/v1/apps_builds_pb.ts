@@ -2,19 +2,571 @@
 // @generated from file platform/apps_builds/v1/apps_builds.proto (package platform.apps_builds.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
+import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { ListValue } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Caller, ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
 import { file_platform_common_v1_common } from "../../common/v1/common_pb.ts";
+import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file platform/apps_builds/v1/apps_builds.proto.
  */
 export const file_platform_apps_builds_v1_apps_builds: GenFile = /*@__PURE__*/
-  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEybQoRQXBwc0J1aWxkc1NlcnZpY2USWAoJUmVhZGluZXNzEiQucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1JlcXVlc3QaJS5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVzcG9uc2ViBnByb3RvMw", [file_platform_common_v1_common]);
+  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEihgEKD1ByZWZsaWdodFJlc3VsdBIOCgZyZWFzb24YASABKAkSDgoGZGV0YWlsGAIgASgJEhAKCHNlcnZpY2VzGAMgAygJEhUKDW1pc3NpbmdfcGF0aHMYBCADKAkSKgoGZXJyb3JzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKVBgoDQXBwEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRIMCgRzbHVnGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSDgoGYnJhbmNoGAYgASgJEhIKCnJlcG9zaXRvcnkYByABKAkSEwoLY29uZmlnX3BhdGgYCCABKAkSFQoNZGVwbG95X3N0YXR1cxgJIAEoCRISCgp2aXNpYmlsaXR5GAogASgJEhUKDWlzX3Byb2R1Y3Rpb24YCyABKAgSGQoMbGF0ZXN0X2J1aWxkGAwgASgJSACIAQESEwoLYnVpbGRfY291bnQYDSABKAUSHAoPcnVubmluZ192ZXJzaW9uGA4gASgJSAGIAQESHQoQcnVubmluZ19idWlsZF9pZBgPIAEoCUgCiAEBEhoKDXJ1bm5pbmdfc2luY2UYECABKAlIA4gBARIYChBkYXRhYmFzZV9lbmFibGVkGBEgASgIEhUKDWNhY2hlX2VuYWJsZWQYEiABKAgSFQoNZW1haWxfZW5hYmxlZBgTIAEoCBIYChBwcmVmbGlnaHRfc3RhdHVzGBQgASgJEkcKEHByZWZsaWdodF9yZXN1bHQYFSABKAsyKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5QcmVmbGlnaHRSZXN1bHRIBIgBARIbCg5kZXBsb3lfd2FybmluZxgWIAEoCUgFiAEBEhAKCHdhcm5pbmdzGBcgAygJEhIKCmNyZWF0ZWRfYXQYGCABKAkSEgoKdXBkYXRlZF9hdBgZIAEoCRITCgtkZXNjcmlwdGlvbhgaIAEoCRISCgpjcmVhdGVkX2J5GBsgASgJEhUKDXNlcnZpY2VfbmFtZXMYHCADKAlCDwoNX2xhdGVzdF9idWlsZEISChBfcnVubmluZ192ZXJzaW9uQhMKEV9ydW5uaW5nX2J1aWxkX2lkQhAKDl9ydW5uaW5nX3NpbmNlQhMKEV9wcmVmbGlnaHRfcmVzdWx0QhEKD19kZXBsb3lfd2FybmluZyKSAgoSUmVnaXN0ZXJBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIUCgxkaXNwbGF5X25hbWUYBCABKAkSDgoGYnJhbmNoGAUgASgJEhMKC2Rlc2NyaXB0aW9uGAYgASgJEhMKC2NvbmZpZ19wYXRoGAcgASgJEhIKCmdyb3VwX3NsdWcYCCABKAkSGAoQZGF0YWJhc2VfZW5hYmxlZBgJIAEoCBIVCg1jYWNoZV9lbmFibGVkGAogASgIEhUKDWVtYWlsX2VuYWJsZWQYCyABKAgiXQoTUmVnaXN0ZXJBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASGwoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCSJRCg9MaXN0QXBwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchISCgphbGxfZ3JvdXBzGAIgASgIIk4KEExpc3RBcHBzUmVzcG9uc2USKwoFaXRlbXMYASADKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASDQoFdG90YWwYAiABKAUiXQoNR2V0QXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSJgChBEZWxldGVBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIhMKEURlbGV0ZUFwcFJlc3BvbnNlIlMKE0xpc3RCcmFuY2hlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCSKgAQoGQnJhbmNoEg4KBmJyYW5jaBgBIAEoCRIVCg1pc19wcm9kdWN0aW9uGAIgASgIEhUKDWRlcGxveV9zdGF0dXMYAyABKAkSGAoQcHJlZmxpZ2h0X3N0YXR1cxgEIAEoCRIZCgxsYXRlc3RfYnVpbGQYBSABKAlIAIgBARISCgpjcmVhdGVkX2F0GAYgASgJQg8KDV9sYXRlc3RfYnVpbGQiWwoUTGlzdEJyYW5jaGVzUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSMQoIYnJhbmNoZXMYAiADKAsyHy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CcmFuY2giZwoXUmVjaGVja1ByZWZsaWdodFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkicwoYUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIYChBwcmVmbGlnaHRfc3RhdHVzGAMgASgJEhsKE3ByZWZsaWdodF9hY3Rpb25faWQYBCABKAky0gUKEUFwcHNCdWlsZHNTZXJ2aWNlElgKCVJlYWRpbmVzcxIkLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXF1ZXN0GiUucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1Jlc3BvbnNlEmgKC1JlZ2lzdGVyQXBwEisucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVnaXN0ZXJBcHBSZXF1ZXN0GiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVnaXN0ZXJBcHBSZXNwb25zZRJfCghMaXN0QXBwcxIoLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RBcHBzUmVxdWVzdBopLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RBcHBzUmVzcG9uc2USTgoGR2V0QXBwEiYucGxhdGZvcm0uYXBwc19idWlsZHMudjEuR2V0QXBwUmVxdWVzdBocLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkFwcBJiCglEZWxldGVBcHASKS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5EZWxldGVBcHBSZXF1ZXN0GioucGxhdGZvcm0uYXBwc19idWlsZHMudjEuRGVsZXRlQXBwUmVzcG9uc2USawoMTGlzdEJyYW5jaGVzEiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJyYW5jaGVzUmVxdWVzdBotLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RCcmFuY2hlc1Jlc3BvbnNlEncKEFJlY2hlY2tQcmVmbGlnaHQSMC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWNoZWNrUHJlZmxpZ2h0UmVxdWVzdBoxLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlY2hlY2tQcmVmbGlnaHRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_platform_common_v1_common]);
 
 /**
- * AppsBuildsService: only readiness until its capabilities land.
+ * PreflightResult mirrors `preflight_result` of the spec (doc 1 section 2.1).
+ *
+ * @generated from message platform.apps_builds.v1.PreflightResult
+ */
+export type PreflightResult = Message<"platform.apps_builds.v1.PreflightResult"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: string detail = 2;
+   */
+  detail: string;
+
+  /**
+   * @generated from field: repeated string services = 3;
+   */
+  services: string[];
+
+  /**
+   * @generated from field: repeated string missing_paths = 4;
+   */
+  missingPaths: string[];
+
+  /**
+   * Validation problems: {code, message, path?, line?, column?}.
+   *
+   * @generated from field: google.protobuf.ListValue errors = 5;
+   */
+  errors?: ListValue | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.PreflightResult.
+ * Use `create(PreflightResultSchema)` to create a new message.
+ */
+export const PreflightResultSchema: GenMessage<PreflightResult> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 0);
+
+/**
+ * @generated from message platform.apps_builds.v1.App
+ */
+export type App = Message<"platform.apps_builds.v1.App"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string display_name = 3;
+   */
+  displayName: string;
+
+  /**
+   * @generated from field: string slug = 4;
+   */
+  slug: string;
+
+  /**
+   * @generated from field: string group_slug = 5;
+   */
+  groupSlug: string;
+
+  /**
+   * @generated from field: string branch = 6;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string repository = 7;
+   */
+  repository: string;
+
+  /**
+   * @generated from field: string config_path = 8;
+   */
+  configPath: string;
+
+  /**
+   * @generated from field: string deploy_status = 9;
+   */
+  deployStatus: string;
+
+  /**
+   * @generated from field: string visibility = 10;
+   */
+  visibility: string;
+
+  /**
+   * @generated from field: bool is_production = 11;
+   */
+  isProduction: boolean;
+
+  /**
+   * @generated from field: optional string latest_build = 12;
+   */
+  latestBuild?: string | undefined;
+
+  /**
+   * @generated from field: int32 build_count = 13;
+   */
+  buildCount: number;
+
+  /**
+   * @generated from field: optional string running_version = 14;
+   */
+  runningVersion?: string | undefined;
+
+  /**
+   * @generated from field: optional string running_build_id = 15;
+   */
+  runningBuildId?: string | undefined;
+
+  /**
+   * @generated from field: optional string running_since = 16;
+   */
+  runningSince?: string | undefined;
+
+  /**
+   * @generated from field: bool database_enabled = 17;
+   */
+  databaseEnabled: boolean;
+
+  /**
+   * @generated from field: bool cache_enabled = 18;
+   */
+  cacheEnabled: boolean;
+
+  /**
+   * @generated from field: bool email_enabled = 19;
+   */
+  emailEnabled: boolean;
+
+  /**
+   * @generated from field: string preflight_status = 20;
+   */
+  preflightStatus: string;
+
+  /**
+   * @generated from field: optional platform.apps_builds.v1.PreflightResult preflight_result = 21;
+   */
+  preflightResult?: PreflightResult | undefined;
+
+  /**
+   * @generated from field: optional string deploy_warning = 22;
+   */
+  deployWarning?: string | undefined;
+
+  /**
+   * @generated from field: repeated string warnings = 23;
+   */
+  warnings: string[];
+
+  /**
+   * @generated from field: string created_at = 24;
+   */
+  createdAt: string;
+
+  /**
+   * @generated from field: string updated_at = 25;
+   */
+  updatedAt: string;
+
+  /**
+   * @generated from field: string description = 26;
+   */
+  description: string;
+
+  /**
+   * @generated from field: string created_by = 27;
+   */
+  createdBy: string;
+
+  /**
+   * The repository's services by name, as the last preflight or build saw them.
+   *
+   * @generated from field: repeated string service_names = 28;
+   */
+  serviceNames: string[];
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.App.
+ * Use `create(AppSchema)` to create a new message.
+ */
+export const AppSchema: GenMessage<App> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 1);
+
+/**
+ * @generated from message platform.apps_builds.v1.RegisterAppRequest
+ */
+export type RegisterAppRequest = Message<"platform.apps_builds.v1.RegisterAppRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string repository = 3;
+   */
+  repository: string;
+
+  /**
+   * @generated from field: string display_name = 4;
+   */
+  displayName: string;
+
+  /**
+   * @generated from field: string branch = 5;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string description = 6;
+   */
+  description: string;
+
+  /**
+   * @generated from field: string config_path = 7;
+   */
+  configPath: string;
+
+  /**
+   * The group to register in; empty: the caller's selected group.
+   *
+   * @generated from field: string group_slug = 8;
+   */
+  groupSlug: string;
+
+  /**
+   * @generated from field: bool database_enabled = 9;
+   */
+  databaseEnabled: boolean;
+
+  /**
+   * @generated from field: bool cache_enabled = 10;
+   */
+  cacheEnabled: boolean;
+
+  /**
+   * @generated from field: bool email_enabled = 11;
+   */
+  emailEnabled: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.RegisterAppRequest.
+ * Use `create(RegisterAppRequestSchema)` to create a new message.
+ */
+export const RegisterAppRequestSchema: GenMessage<RegisterAppRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 2);
+
+/**
+ * @generated from message platform.apps_builds.v1.RegisterAppResponse
+ */
+export type RegisterAppResponse = Message<"platform.apps_builds.v1.RegisterAppResponse"> & {
+  /**
+   * @generated from field: platform.apps_builds.v1.App app = 1;
+   */
+  app?: App | undefined;
+
+  /**
+   * The preflight queued for the new app.
+   *
+   * @generated from field: string preflight_action_id = 2;
+   */
+  preflightActionId: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.RegisterAppResponse.
+ * Use `create(RegisterAppResponseSchema)` to create a new message.
+ */
+export const RegisterAppResponseSchema: GenMessage<RegisterAppResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 3);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListAppsRequest
+ */
+export type ListAppsRequest = Message<"platform.apps_builds.v1.ListAppsRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * Operators without a selected group see every group's apps.
+   *
+   * @generated from field: bool all_groups = 2;
+   */
+  allGroups: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListAppsRequest.
+ * Use `create(ListAppsRequestSchema)` to create a new message.
+ */
+export const ListAppsRequestSchema: GenMessage<ListAppsRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 4);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListAppsResponse
+ */
+export type ListAppsResponse = Message<"platform.apps_builds.v1.ListAppsResponse"> & {
+  /**
+   * @generated from field: repeated platform.apps_builds.v1.App items = 1;
+   */
+  items: App[];
+
+  /**
+   * @generated from field: int32 total = 2;
+   */
+  total: number;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListAppsResponse.
+ * Use `create(ListAppsResponseSchema)` to create a new message.
+ */
+export const ListAppsResponseSchema: GenMessage<ListAppsResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 5);
+
+/**
+ * @generated from message platform.apps_builds.v1.GetAppRequest
+ */
+export type GetAppRequest = Message<"platform.apps_builds.v1.GetAppRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: the production branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.GetAppRequest.
+ * Use `create(GetAppRequestSchema)` to create a new message.
+ */
+export const GetAppRequestSchema: GenMessage<GetAppRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 6);
+
+/**
+ * @generated from message platform.apps_builds.v1.DeleteAppRequest
+ */
+export type DeleteAppRequest = Message<"platform.apps_builds.v1.DeleteAppRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.DeleteAppRequest.
+ * Use `create(DeleteAppRequestSchema)` to create a new message.
+ */
+export const DeleteAppRequestSchema: GenMessage<DeleteAppRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 7);
+
+/**
+ * @generated from message platform.apps_builds.v1.DeleteAppResponse
+ */
+export type DeleteAppResponse = Message<"platform.apps_builds.v1.DeleteAppResponse"> & {
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.DeleteAppResponse.
+ * Use `create(DeleteAppResponseSchema)` to create a new message.
+ */
+export const DeleteAppResponseSchema: GenMessage<DeleteAppResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 8);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListBranchesRequest
+ */
+export type ListBranchesRequest = Message<"platform.apps_builds.v1.ListBranchesRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListBranchesRequest.
+ * Use `create(ListBranchesRequestSchema)` to create a new message.
+ */
+export const ListBranchesRequestSchema: GenMessage<ListBranchesRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 9);
+
+/**
+ * @generated from message platform.apps_builds.v1.Branch
+ */
+export type Branch = Message<"platform.apps_builds.v1.Branch"> & {
+  /**
+   * @generated from field: string branch = 1;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: bool is_production = 2;
+   */
+  isProduction: boolean;
+
+  /**
+   * @generated from field: string deploy_status = 3;
+   */
+  deployStatus: string;
+
+  /**
+   * @generated from field: string preflight_status = 4;
+   */
+  preflightStatus: string;
+
+  /**
+   * @generated from field: optional string latest_build = 5;
+   */
+  latestBuild?: string | undefined;
+
+  /**
+   * @generated from field: string created_at = 6;
+   */
+  createdAt: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.Branch.
+ * Use `create(BranchSchema)` to create a new message.
+ */
+export const BranchSchema: GenMessage<Branch> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 10);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListBranchesResponse
+ */
+export type ListBranchesResponse = Message<"platform.apps_builds.v1.ListBranchesResponse"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: repeated platform.apps_builds.v1.Branch branches = 2;
+   */
+  branches: Branch[];
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListBranchesResponse.
+ * Use `create(ListBranchesResponseSchema)` to create a new message.
+ */
+export const ListBranchesResponseSchema: GenMessage<ListBranchesResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 11);
+
+/**
+ * @generated from message platform.apps_builds.v1.RecheckPreflightRequest
+ */
+export type RecheckPreflightRequest = Message<"platform.apps_builds.v1.RecheckPreflightRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.RecheckPreflightRequest.
+ * Use `create(RecheckPreflightRequestSchema)` to create a new message.
+ */
+export const RecheckPreflightRequestSchema: GenMessage<RecheckPreflightRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 12);
+
+/**
+ * @generated from message platform.apps_builds.v1.RecheckPreflightResponse
+ */
+export type RecheckPreflightResponse = Message<"platform.apps_builds.v1.RecheckPreflightResponse"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string preflight_status = 3;
+   */
+  preflightStatus: string;
+
+  /**
+   * @generated from field: string preflight_action_id = 4;
+   */
+  preflightActionId: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.RecheckPreflightResponse.
+ * Use `create(RecheckPreflightResponseSchema)` to create a new message.
+ */
+export const RecheckPreflightResponseSchema: GenMessage<RecheckPreflightResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 13);
+
+/**
+ * AppsBuildsService owns apps (per branch), their config layers, preflight state, builds and
+ * variables.
  *
  * @generated from service platform.apps_builds.v1.AppsBuildsService
  */
@@ -26,6 +578,54 @@ export const AppsBuildsService: GenService<{
     methodKind: "unary";
     input: typeof ReadinessRequestSchema;
     output: typeof ReadinessResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.RegisterApp
+   */
+  registerApp: {
+    methodKind: "unary";
+    input: typeof RegisterAppRequestSchema;
+    output: typeof RegisterAppResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.ListApps
+   */
+  listApps: {
+    methodKind: "unary";
+    input: typeof ListAppsRequestSchema;
+    output: typeof ListAppsResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.GetApp
+   */
+  getApp: {
+    methodKind: "unary";
+    input: typeof GetAppRequestSchema;
+    output: typeof AppSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.DeleteApp
+   */
+  deleteApp: {
+    methodKind: "unary";
+    input: typeof DeleteAppRequestSchema;
+    output: typeof DeleteAppResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.ListBranches
+   */
+  listBranches: {
+    methodKind: "unary";
+    input: typeof ListBranchesRequestSchema;
+    output: typeof ListBranchesResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.RecheckPreflight
+   */
+  recheckPreflight: {
+    methodKind: "unary";
+    input: typeof RecheckPreflightRequestSchema;
+    output: typeof RecheckPreflightResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_platform_apps_builds_v1_apps_builds, 0);

@@ -2,19 +2,643 @@
 // @generated from file platform/deploy_queue/v1/deploy_queue.proto (package platform.deploy_queue.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
+import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Caller, ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
 import { file_platform_common_v1_common } from "../../common/v1/common_pb.ts";
+import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file platform/deploy_queue/v1/deploy_queue.proto.
  */
 export const file_platform_deploy_queue_v1_deploy_queue: GenFile = /*@__PURE__*/
-  fileDesc("CitwbGF0Zm9ybS9kZXBsb3lfcXVldWUvdjEvZGVwbG95X3F1ZXVlLnByb3RvEhhwbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEybgoSRGVwbG95UXVldWVTZXJ2aWNlElgKCVJlYWRpbmVzcxIkLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXF1ZXN0GiUucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1Jlc3BvbnNlYgZwcm90bzM", [file_platform_common_v1_common]);
+  fileDesc("CitwbGF0Zm9ybS9kZXBsb3lfcXVldWUvdjEvZGVwbG95X3F1ZXVlLnByb3RvEhhwbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEipQcKBkFjdGlvbhIRCglhY3Rpb25faWQYASABKAkSEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEhMKC2FjdGlvbl90eXBlGAQgASgJEg4KBnN0YXR1cxgFIAEoCRIWCglpbWFnZV90YWcYBiABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgHIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYCCABKAlIAogBARIXCgpkZXBlbmRzX29uGAkgASgJSAOIAQESEwoLYXV0b19kZXBsb3kYCiABKAgSIwoWYWRtaXNzaW9uX2NoZWNrX3JlYXNvbhgLIAEoCUgEiAEBEiQKF2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0GAwgASgJSAWIAQESGAoLc3R1Y2tfY2xhc3MYDSABKAlIBogBARIXCg9kZXBsb3lfd2FybmluZ3MYDiADKAkSGQoMc2VydmljZV9uYW1lGA8gASgJSAeIAQESEwoGYWN0aW9uGBAgASgJSAiIAQESEgoKY3JlYXRlZF9hdBgRIAEoCRISCgp1cGRhdGVkX2F0GBIgASgJEhIKCmdyb3VwX3NsdWcYEyABKAkSEgoFcGhhc2UYFCABKAlICYgBARIaCg1lcnJvcl9tZXNzYWdlGBUgASgJSAqIAQESFwoKY2xhaW1lZF9ieRgWIAEoCUgLiAEBEhcKCmNsYWltZWRfYXQYFyABKAlIDIgBARIZCgxjb21wbGV0ZWRfYXQYGCABKAlIDYgBARIQCghwcmlvcml0eRgZIAEoBRIUCgxwYXlsb2FkX2pzb24YGiABKAkSEwoLcmVzdWx0X2pzb24YGyABKAkSFAoMcXVldWVfc3RhdHVzGBwgASgJEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYHSABKAhCDAoKX2ltYWdlX3RhZ0IRCg9fY29tbWl0X21lc3NhZ2VCEAoOX2NvbW1pdF9hdXRob3JCDQoLX2RlcGVuZHNfb25CGQoXX2FkbWlzc2lvbl9jaGVja19yZWFzb25CGgoYX2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0Qg4KDF9zdHVja19jbGFzc0IPCg1fc2VydmljZV9uYW1lQgkKB19hY3Rpb25CCAoGX3BoYXNlQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19jbGFpbWVkX2J5Qg0KC19jbGFpbWVkX2F0Qg8KDV9jb21wbGV0ZWRfYXQigwEKEExpc3RRdWV1ZVJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRILCgNhbGwYAyABKAgSFQoNZXhjbHVkZV90eXBlcxgEIAMoCRINCgVsaW1pdBgFIAEoBSJEChFMaXN0UXVldWVSZXNwb25zZRIvCgVpdGVtcxgBIAMoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24iUQoQR2V0QWN0aW9uUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCSKWAQoJRGlhZ25vc2lzEjAKBmFjdGlvbhgBIAEoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SEQoJbmFycmF0aXZlGAIgASgJEgwKBGhpbnQYAyABKAkSHwoSYmxvY2tpbmdfYWN0aW9uX2lkGAQgASgJSACIAQFCFQoTX2Jsb2NraW5nX2FjdGlvbl9pZCJPChFQcmlvcml0aXplUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEg4KBnRhcmdldBgCIAEoCSIoChJQcmlvcml0aXplUmVzcG9uc2USEgoKYWN0aW9uX2lkcxgBIAMoCSJ3ChFBZG1pdEZvcmNlUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkSEwoLdHRsX3NlY29uZHMYBCABKAUiUAoSQWRtaXRGb3JjZVJlc3BvbnNlEhEKCWFjdGlvbl9pZBgBIAEoCRISCgpleHBpcmVzX2F0GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgFImQKE0NhbmNlbEFjdGlvblJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIRCglhY3Rpb25faWQYAiABKAkSDgoGcmVhc29uGAMgASgJIqwBChRDYW5jZWxBY3Rpb25SZXNwb25zZRIRCglhY3Rpb25faWQYASABKAkSDgoGc3RhdHVzGAIgASgJEhEKCWNhbmNlbGxlZBgDIAEoCBIYChBjYW5jZWxfcmVxdWVzdGVkGAQgASgIEhQKDHF1ZXVlX3N0YXR1cxgFIAEoCRIcChRkZXBlbmRlbnRzX2NhbmNlbGxlZBgGIAMoCRIQCghhcHBfbmFtZRgHIAEoCSI4ChJDbGFpbUFjdGlvblJlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkifgoTQ2xhaW1BY3Rpb25SZXNwb25zZRIPCgdjbGFpbWVkGAEgASgIEhYKDnJlZnVzYWxfcmVhc29uGAIgASgJEgwKBGRyb3AYAyABKAgSMAoGYWN0aW9uGAQgASgLMiAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkFjdGlvbiJbChVSZXBvcnRQcm9ncmVzc1JlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkSDQoFcGhhc2UYAyABKAkSDwoHbWVzc2FnZRgEIAEoCSIyChZSZXBvcnRQcm9ncmVzc1Jlc3BvbnNlEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYASABKAgidwoVQ29tcGxldGVBY3Rpb25SZXF1ZXN0EhEKCWFjdGlvbl9pZBgBIAEoCRIPCgdob3N0X2lkGAIgASgJEg4KBnN0YXR1cxgDIAEoCRIVCg1lcnJvcl9tZXNzYWdlGAQgASgJEhMKC3Jlc3VsdF9qc29uGAUgASgJIhgKFkNvbXBsZXRlQWN0aW9uUmVzcG9uc2UyqQgKEkRlcGxveVF1ZXVlU2VydmljZRJYCglSZWFkaW5lc3MSJC5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVxdWVzdBolLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXNwb25zZRJkCglMaXN0UXVldWUSKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuTGlzdFF1ZXVlUmVxdWVzdBorLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5MaXN0UXVldWVSZXNwb25zZRJZCglHZXRBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBogLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SYQoORGlhZ25vc2VBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBojLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EaWFnbm9zaXMSZwoKUHJpb3JpdGl6ZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVzcG9uc2USZwoKQWRtaXRGb3JjZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVzcG9uc2USbQoMQ2FuY2VsQWN0aW9uEi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNhbmNlbEFjdGlvblJlcXVlc3QaLi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2FuY2VsQWN0aW9uUmVzcG9uc2USagoLQ2xhaW1BY3Rpb24SLC5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2xhaW1BY3Rpb25SZXF1ZXN0Gi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNsYWltQWN0aW9uUmVzcG9uc2UScwoOUmVwb3J0UHJvZ3Jlc3MSLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuUmVwb3J0UHJvZ3Jlc3NSZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLlJlcG9ydFByb2dyZXNzUmVzcG9uc2UScwoOQ29tcGxldGVBY3Rpb24SLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ29tcGxldGVBY3Rpb25SZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNvbXBsZXRlQWN0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_platform_common_v1_common]);
 
 /**
- * DeployQueueService: only readiness until its capabilities land.
+ * Action is a queue row (doc 1 section 2.5) plus what operators and agents need.
+ *
+ * @generated from message platform.deploy_queue.v1.Action
+ */
+export type Action = Message<"platform.deploy_queue.v1.Action"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string action_type = 4;
+   */
+  actionType: string;
+
+  /**
+   * queued, in_progress, completed, failed, cancelled (and cancel_requested while in flight).
+   *
+   * @generated from field: string status = 5;
+   */
+  status: string;
+
+  /**
+   * @generated from field: optional string image_tag = 6;
+   */
+  imageTag?: string | undefined;
+
+  /**
+   * @generated from field: optional string commit_message = 7;
+   */
+  commitMessage?: string | undefined;
+
+  /**
+   * @generated from field: optional string commit_author = 8;
+   */
+  commitAuthor?: string | undefined;
+
+  /**
+   * @generated from field: optional string depends_on = 9;
+   */
+  dependsOn?: string | undefined;
+
+  /**
+   * @generated from field: bool auto_deploy = 10;
+   */
+  autoDeploy: boolean;
+
+  /**
+   * @generated from field: optional string admission_check_reason = 11;
+   */
+  admissionCheckReason?: string | undefined;
+
+  /**
+   * @generated from field: optional string last_admission_check_at = 12;
+   */
+  lastAdmissionCheckAt?: string | undefined;
+
+  /**
+   * @generated from field: optional string stuck_class = 13;
+   */
+  stuckClass?: string | undefined;
+
+  /**
+   * @generated from field: repeated string deploy_warnings = 14;
+   */
+  deployWarnings: string[];
+
+  /**
+   * @generated from field: optional string service_name = 15;
+   */
+  serviceName?: string | undefined;
+
+  /**
+   * @generated from field: optional string action = 16;
+   */
+  action?: string | undefined;
+
+  /**
+   * @generated from field: string created_at = 17;
+   */
+  createdAt: string;
+
+  /**
+   * @generated from field: string updated_at = 18;
+   */
+  updatedAt: string;
+
+  /**
+   * @generated from field: string group_slug = 19;
+   */
+  groupSlug: string;
+
+  /**
+   * @generated from field: optional string phase = 20;
+   */
+  phase?: string | undefined;
+
+  /**
+   * @generated from field: optional string error_message = 21;
+   */
+  errorMessage?: string | undefined;
+
+  /**
+   * @generated from field: optional string claimed_by = 22;
+   */
+  claimedBy?: string | undefined;
+
+  /**
+   * @generated from field: optional string claimed_at = 23;
+   */
+  claimedAt?: string | undefined;
+
+  /**
+   * @generated from field: optional string completed_at = 24;
+   */
+  completedAt?: string | undefined;
+
+  /**
+   * @generated from field: int32 priority = 25;
+   */
+  priority: number;
+
+  /**
+   * Work description for the agent (repository, config_path, tag, build_id...), JSON.
+   *
+   * @generated from field: string payload_json = 26;
+   */
+  payloadJson: string;
+
+  /**
+   * What the agent reported at completion (commit, images, per-phase output...), JSON.
+   *
+   * @generated from field: string result_json = 27;
+   */
+  resultJson: string;
+
+  /**
+   * The live lifecycle name (queued, build_in_progress, build_completed, build_failed, build_cancelled...).
+   *
+   * @generated from field: string queue_status = 28;
+   */
+  queueStatus: string;
+
+  /**
+   * @generated from field: bool cancel_requested = 29;
+   */
+  cancelRequested: boolean;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.Action.
+ * Use `create(ActionSchema)` to create a new message.
+ */
+export const ActionSchema: GenMessage<Action> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 0);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ListQueueRequest
+ */
+export type ListQueueRequest = Message<"platform.deploy_queue.v1.ListQueueRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Include terminal rows.
+   *
+   * @generated from field: bool all = 3;
+   */
+  all: boolean;
+
+  /**
+   * @generated from field: repeated string exclude_types = 4;
+   */
+  excludeTypes: string[];
+
+  /**
+   * @generated from field: int32 limit = 5;
+   */
+  limit: number;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ListQueueRequest.
+ * Use `create(ListQueueRequestSchema)` to create a new message.
+ */
+export const ListQueueRequestSchema: GenMessage<ListQueueRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 1);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ListQueueResponse
+ */
+export type ListQueueResponse = Message<"platform.deploy_queue.v1.ListQueueResponse"> & {
+  /**
+   * @generated from field: repeated platform.deploy_queue.v1.Action items = 1;
+   */
+  items: Action[];
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ListQueueResponse.
+ * Use `create(ListQueueResponseSchema)` to create a new message.
+ */
+export const ListQueueResponseSchema: GenMessage<ListQueueResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 2);
+
+/**
+ * @generated from message platform.deploy_queue.v1.GetActionRequest
+ */
+export type GetActionRequest = Message<"platform.deploy_queue.v1.GetActionRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * A full id or a prefix of at least 8 hex-or-hyphen characters.
+   *
+   * @generated from field: string action_id = 2;
+   */
+  actionId: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.GetActionRequest.
+ * Use `create(GetActionRequestSchema)` to create a new message.
+ */
+export const GetActionRequestSchema: GenMessage<GetActionRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 3);
+
+/**
+ * @generated from message platform.deploy_queue.v1.Diagnosis
+ */
+export type Diagnosis = Message<"platform.deploy_queue.v1.Diagnosis"> & {
+  /**
+   * @generated from field: platform.deploy_queue.v1.Action action = 1;
+   */
+  action?: Action | undefined;
+
+  /**
+   * A read-only narrative on why the action is (or is not) moving.
+   *
+   * @generated from field: string narrative = 2;
+   */
+  narrative: string;
+
+  /**
+   * @generated from field: string hint = 3;
+   */
+  hint: string;
+
+  /**
+   * @generated from field: optional string blocking_action_id = 4;
+   */
+  blockingActionId?: string | undefined;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.Diagnosis.
+ * Use `create(DiagnosisSchema)` to create a new message.
+ */
+export const DiagnosisSchema: GenMessage<Diagnosis> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 4);
+
+/**
+ * @generated from message platform.deploy_queue.v1.PrioritizeRequest
+ */
+export type PrioritizeRequest = Message<"platform.deploy_queue.v1.PrioritizeRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * An app slug (every non-terminal action of the app) or an action id prefix.
+   *
+   * @generated from field: string target = 2;
+   */
+  target: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.PrioritizeRequest.
+ * Use `create(PrioritizeRequestSchema)` to create a new message.
+ */
+export const PrioritizeRequestSchema: GenMessage<PrioritizeRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 5);
+
+/**
+ * @generated from message platform.deploy_queue.v1.PrioritizeResponse
+ */
+export type PrioritizeResponse = Message<"platform.deploy_queue.v1.PrioritizeResponse"> & {
+  /**
+   * @generated from field: repeated string action_ids = 1;
+   */
+  actionIds: string[];
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.PrioritizeResponse.
+ * Use `create(PrioritizeResponseSchema)` to create a new message.
+ */
+export const PrioritizeResponseSchema: GenMessage<PrioritizeResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 6);
+
+/**
+ * @generated from message platform.deploy_queue.v1.AdmitForceRequest
+ */
+export type AdmitForceRequest = Message<"platform.deploy_queue.v1.AdmitForceRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string action_id = 2;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * @generated from field: int32 ttl_seconds = 4;
+   */
+  ttlSeconds: number;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.AdmitForceRequest.
+ * Use `create(AdmitForceRequestSchema)` to create a new message.
+ */
+export const AdmitForceRequestSchema: GenMessage<AdmitForceRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 7);
+
+/**
+ * @generated from message platform.deploy_queue.v1.AdmitForceResponse
+ */
+export type AdmitForceResponse = Message<"platform.deploy_queue.v1.AdmitForceResponse"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string expires_at = 2;
+   */
+  expiresAt: string;
+
+  /**
+   * @generated from field: int32 ttl_seconds = 3;
+   */
+  ttlSeconds: number;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.AdmitForceResponse.
+ * Use `create(AdmitForceResponseSchema)` to create a new message.
+ */
+export const AdmitForceResponseSchema: GenMessage<AdmitForceResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 8);
+
+/**
+ * @generated from message platform.deploy_queue.v1.CancelActionRequest
+ */
+export type CancelActionRequest = Message<"platform.deploy_queue.v1.CancelActionRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string action_id = 2;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.CancelActionRequest.
+ * Use `create(CancelActionRequestSchema)` to create a new message.
+ */
+export const CancelActionRequestSchema: GenMessage<CancelActionRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 9);
+
+/**
+ * @generated from message platform.deploy_queue.v1.CancelActionResponse
+ */
+export type CancelActionResponse = Message<"platform.deploy_queue.v1.CancelActionResponse"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * cancelled, cancel_requested, refused_past_point_of_no_return, not_found, not_cancellable.
+   *
+   * @generated from field: string status = 2;
+   */
+  status: string;
+
+  /**
+   * @generated from field: bool cancelled = 3;
+   */
+  cancelled: boolean;
+
+  /**
+   * @generated from field: bool cancel_requested = 4;
+   */
+  cancelRequested: boolean;
+
+  /**
+   * @generated from field: string queue_status = 5;
+   */
+  queueStatus: string;
+
+  /**
+   * @generated from field: repeated string dependents_cancelled = 6;
+   */
+  dependentsCancelled: string[];
+
+  /**
+   * @generated from field: string app_name = 7;
+   */
+  appName: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.CancelActionResponse.
+ * Use `create(CancelActionResponseSchema)` to create a new message.
+ */
+export const CancelActionResponseSchema: GenMessage<CancelActionResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 10);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ClaimActionRequest
+ */
+export type ClaimActionRequest = Message<"platform.deploy_queue.v1.ClaimActionRequest"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string host_id = 2;
+   */
+  hostId: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ClaimActionRequest.
+ * Use `create(ClaimActionRequestSchema)` to create a new message.
+ */
+export const ClaimActionRequestSchema: GenMessage<ClaimActionRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 11);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ClaimActionResponse
+ */
+export type ClaimActionResponse = Message<"platform.deploy_queue.v1.ClaimActionResponse"> & {
+  /**
+   * Claimed by this host now (or already by this host: a redelivery after an agent restart).
+   *
+   * @generated from field: bool claimed = 1;
+   */
+  claimed: boolean;
+
+  /**
+   * Why not: admission refused (retry later), or terminal/claimed elsewhere (drop the message).
+   *
+   * @generated from field: string refusal_reason = 2;
+   */
+  refusalReason: string;
+
+  /**
+   * The message can be acknowledged and dropped: the action will never run here.
+   *
+   * @generated from field: bool drop = 3;
+   */
+  drop: boolean;
+
+  /**
+   * @generated from field: platform.deploy_queue.v1.Action action = 4;
+   */
+  action?: Action | undefined;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ClaimActionResponse.
+ * Use `create(ClaimActionResponseSchema)` to create a new message.
+ */
+export const ClaimActionResponseSchema: GenMessage<ClaimActionResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 12);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ReportProgressRequest
+ */
+export type ReportProgressRequest = Message<"platform.deploy_queue.v1.ReportProgressRequest"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string host_id = 2;
+   */
+  hostId: string;
+
+  /**
+   * @generated from field: string phase = 3;
+   */
+  phase: string;
+
+  /**
+   * @generated from field: string message = 4;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ReportProgressRequest.
+ * Use `create(ReportProgressRequestSchema)` to create a new message.
+ */
+export const ReportProgressRequestSchema: GenMessage<ReportProgressRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 13);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ReportProgressResponse
+ */
+export type ReportProgressResponse = Message<"platform.deploy_queue.v1.ReportProgressResponse"> & {
+  /**
+   * Stop between phases and complete as cancelled.
+   *
+   * @generated from field: bool cancel_requested = 1;
+   */
+  cancelRequested: boolean;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ReportProgressResponse.
+ * Use `create(ReportProgressResponseSchema)` to create a new message.
+ */
+export const ReportProgressResponseSchema: GenMessage<ReportProgressResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 14);
+
+/**
+ * @generated from message platform.deploy_queue.v1.CompleteActionRequest
+ */
+export type CompleteActionRequest = Message<"platform.deploy_queue.v1.CompleteActionRequest"> & {
+  /**
+   * @generated from field: string action_id = 1;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string host_id = 2;
+   */
+  hostId: string;
+
+  /**
+   * completed, failed or cancelled.
+   *
+   * @generated from field: string status = 3;
+   */
+  status: string;
+
+  /**
+   * @generated from field: string error_message = 4;
+   */
+  errorMessage: string;
+
+  /**
+   * @generated from field: string result_json = 5;
+   */
+  resultJson: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.CompleteActionRequest.
+ * Use `create(CompleteActionRequestSchema)` to create a new message.
+ */
+export const CompleteActionRequestSchema: GenMessage<CompleteActionRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 15);
+
+/**
+ * @generated from message platform.deploy_queue.v1.CompleteActionResponse
+ */
+export type CompleteActionResponse = Message<"platform.deploy_queue.v1.CompleteActionResponse"> & {
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.CompleteActionResponse.
+ * Use `create(CompleteActionResponseSchema)` to create a new message.
+ */
+export const CompleteActionResponseSchema: GenMessage<CompleteActionResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 16);
+
+/**
+ * DeployQueueService owns the queue (the authority on work state), and later deployments,
+ * history, agents, placement and admission gates. Actions are created from events (a build
+ * requested by apps-builds) and dispatched on JetStream to agents, which claim, report and
+ * complete them through this API.
  *
  * @generated from service platform.deploy_queue.v1.DeployQueueService
  */
@@ -26,6 +650,82 @@ export const DeployQueueService: GenService<{
     methodKind: "unary";
     input: typeof ReadinessRequestSchema;
     output: typeof ReadinessResponseSchema;
+  },
+  /**
+   * Tenant-facing reads and controls (doc 1 section 4.5).
+   *
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.ListQueue
+   */
+  listQueue: {
+    methodKind: "unary";
+    input: typeof ListQueueRequestSchema;
+    output: typeof ListQueueResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.GetAction
+   */
+  getAction: {
+    methodKind: "unary";
+    input: typeof GetActionRequestSchema;
+    output: typeof ActionSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.DiagnoseAction
+   */
+  diagnoseAction: {
+    methodKind: "unary";
+    input: typeof GetActionRequestSchema;
+    output: typeof DiagnosisSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.Prioritize
+   */
+  prioritize: {
+    methodKind: "unary";
+    input: typeof PrioritizeRequestSchema;
+    output: typeof PrioritizeResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.AdmitForce
+   */
+  admitForce: {
+    methodKind: "unary";
+    input: typeof AdmitForceRequestSchema;
+    output: typeof AdmitForceResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.CancelAction
+   */
+  cancelAction: {
+    methodKind: "unary";
+    input: typeof CancelActionRequestSchema;
+    output: typeof CancelActionResponseSchema;
+  },
+  /**
+   * The agent's side of the deploy lane.
+   *
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.ClaimAction
+   */
+  claimAction: {
+    methodKind: "unary";
+    input: typeof ClaimActionRequestSchema;
+    output: typeof ClaimActionResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.ReportProgress
+   */
+  reportProgress: {
+    methodKind: "unary";
+    input: typeof ReportProgressRequestSchema;
+    output: typeof ReportProgressResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.CompleteAction
+   */
+  completeAction: {
+    methodKind: "unary";
+    input: typeof CompleteActionRequestSchema;
+    output: typeof CompleteActionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_platform_deploy_queue_v1_deploy_queue, 0);

@@ -1,0 +1,268 @@
+import type { FastifyInstance } from "fastify";
+import type { Client } from "@connectrpc/connect";
+import { toJson } from "@bufbuild/protobuf";
+import { ListValueSchema } from "@bufbuild/protobuf/wkt";
+import type { App, AppsBuildsService } from "@platform/proto";
+import { callerOf } from "../access.ts";
+import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+
+const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
+
+/** The spec's app shape (doc 1 section 2.1); `single` adds the single-app fields. */
+function appJson(a: App, single: boolean) {
+  const base = {
+    id: a.id,
+    app_name: a.appName,
+    display_name: a.displayName,
+    slug: a.slug,
+    group_slug: a.groupSlug,
+    branch: a.branch,
+    repository: a.repository,
+    config_path: a.configPath,
+    description: a.description,
+    deploy_status: a.deployStatus,
+    visibility: a.visibility,
+    is_production: a.isProduction,
+    latest_build: orNull(a.latestBuild),
+    build_count: a.buildCount,
+    running_version: orNull(a.runningVersion),
+    running_build_id: orNull(a.runningBuildId),
+    running_since: orNull(a.runningSince),
+    // Front doors are rebuilt from the routing shape on every read; nothing routes before a deploy.
+    urls: [] as string[],
+    services: a.serviceNames.map((name) => ({ name, url: null })),
+    database_enabled: a.databaseEnabled,
+    cache_enabled: a.cacheEnabled,
+    email_enabled: a.emailEnabled,
+    preflight_status: a.preflightStatus,
+    preflight_result: a.preflightResult
+      ? {
+          reason: a.preflightResult.reason,
+          detail: a.preflightResult.detail,
+          services: a.preflightResult.services,
+          missing_paths: a.preflightResult.missingPaths,
+          errors: a.preflightResult.errors ? toJson(ListValueSchema, a.preflightResult.errors) : [],
+        }
+      : null,
+    deploy_warning: orNull(a.deployWarning),
+    warnings: a.warnings,
+    created_by: a.createdBy,
+    created_at: a.createdAt,
+    updated_at: a.updatedAt,
+  };
+  if (!single) return base;
+  return { ...base, last_deploy_status: null, last_deploy_error: null, last_crash_output: null, last_build_status: null, last_build_error: null };
+}
+
+const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
+const branchQuery = {
+  type: "object",
+  properties: { ...commonQuery, branch: { type: "string", description: "Branch of the app; defaults to the production branch." } },
+} as const;
+const appResponse = { $ref: "App#" } as const;
+
+export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>, env: { domain: string; environment: string }): void {
+  app.post(
+    "/api/apps",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Register an app from a git repository. It starts quarantined at preflight `pending`.",
+        querystring: { type: "object", properties: commonQuery },
+        body: {
+          type: "object",
+          properties: {
+            app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it." },
+            repository: { type: "string", description: "https://, http://, ssh:// or git@host:path (file:// where allowed)." },
+            display_name: { type: "string" },
+            branch: { type: "string", default: "main" },
+            description: { type: "string" },
+            config_path: { type: "string", default: "platform.yaml" },
+            group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in." },
+            group: { type: "string" },
+            database_enabled: { type: "boolean", default: false },
+            cache_enabled: { type: "boolean", default: false },
+            email_enabled: { type: "boolean", default: false },
+          },
+          required: ["app_name", "repository"],
+        },
+        response: {
+          201: appResponse,
+          409: { $ref: "Error#", description: "`app_exists`, `branch_collides` or `repository_already_registered`." },
+          ...authErrors,
+          ...bodyErrors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const b = request.body as Record<string, unknown>;
+      const r = await apps.registerApp({
+        caller: callerOf(request),
+        appName: String(b.app_name),
+        repository: String(b.repository),
+        displayName: (b.display_name as string) ?? "",
+        branch: (b.branch as string) ?? "main",
+        description: (b.description as string) ?? "",
+        configPath: (b.config_path as string) ?? "",
+        groupSlug: ((b.group_slug ?? b.group) as string) ?? "",
+        databaseEnabled: Boolean(b.database_enabled),
+        cacheEnabled: Boolean(b.cache_enabled),
+        emailEnabled: Boolean(b.email_enabled),
+      });
+      return reply.code(201).send({ ...appJson(r.app!, true), preflight_action_id: r.preflightActionId });
+    },
+  );
+
+  app.get(
+    "/api/apps",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Apps of the group you act in (operators without ?group=: every group's).",
+        querystring: { type: "object", properties: commonQuery },
+        response: {
+          200: {
+            type: "object",
+            properties: { items: { type: "array", items: appResponse }, total: { type: "integer" }, domain: { type: "string" } },
+            required: ["items", "total", "domain"],
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const r = await apps.listApps({ caller: callerOf(request), allGroups: !request.explicitGroup });
+      return { items: r.items.map((a) => appJson(a, false)), total: r.total, domain: env.domain };
+    },
+  );
+
+  app.get(
+    "/api/apps/:app_name",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["apps"],
+        summary: "One app on one branch (default: the production branch).",
+        params: appName,
+        querystring: branchQuery,
+        response: { 200: appResponse, ...authErrors },
+      },
+    },
+    async (request) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      return appJson(await apps.getApp({ caller: callerOf(request), appName: app_name, branch: branch ?? "" }), true);
+    },
+  );
+
+  app.delete(
+    "/api/apps/:app_name",
+    {
+      config: { access: { scope: "admin" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Delete one branch's registration (the only branch when ?branch= is omitted).",
+        params: appName,
+        querystring: branchQuery,
+        response: {
+          204: { type: "null", description: "Deleted." },
+          409: { $ref: "Error#", description: "`branch_required`, `app_running` or `production_branch`." },
+          ...authErrors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      await apps.deleteApp({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      return reply.code(204).send();
+    },
+  );
+
+  app.get(
+    "/api/apps/:app_name/branches",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["apps"],
+        summary: "The app's registered branches.",
+        params: appName,
+        querystring: { type: "object", properties: commonQuery },
+        response: {
+          200: {
+            type: "object",
+            properties: {
+              app_name: { type: "string" },
+              environment: { type: "string" },
+              branches: {
+                type: "array",
+                items: {
+                  type: "object",
+                  properties: {
+                    branch: { type: "string" },
+                    is_production: { type: "boolean" },
+                    deploy_status: { type: "string" },
+                    preflight_status: { type: "string" },
+                    latest_build: { type: ["string", "null"] },
+                    created_at: { type: "string" },
+                  },
+                },
+              },
+            },
+            required: ["app_name", "environment", "branches"],
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const { app_name } = request.params as { app_name: string };
+      const r = await apps.listBranches({ caller: callerOf(request), appName: app_name });
+      return {
+        app_name: r.appName,
+        environment: env.environment,
+        branches: r.branches.map((b) => ({
+          branch: b.branch,
+          is_production: b.isProduction,
+          deploy_status: b.deployStatus,
+          preflight_status: b.preflightStatus,
+          latest_build: orNull(b.latestBuild),
+          created_at: b.createdAt,
+        })),
+      };
+    },
+  );
+
+  app.post(
+    "/api/apps/:app_name/preflight/recheck",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Re-run the repository preflight; the app is `pending` until an agent answers.",
+        params: appName,
+        querystring: branchQuery,
+        response: {
+          202: {
+            type: "object",
+            properties: {
+              app_name: { type: "string" },
+              branch: { type: "string" },
+              preflight_status: { type: "string" },
+              preflight_action_id: { type: "string" },
+            },
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      const r = await apps.recheckPreflight({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      return reply.code(202).send({ app_name: r.appName, branch: r.branch, preflight_status: r.preflightStatus, preflight_action_id: r.preflightActionId });
+    },
+  );
+}

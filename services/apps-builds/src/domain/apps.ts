@@ -1,0 +1,61 @@
+/**
+ * Reading and removing apps. Another group's app is "not found", exactly like an unknown one.
+ */
+import { PlatformError } from "@platform/errors";
+import type { EntityManager } from "@platform/db";
+import { canSeeGroup, type Caller } from "@platform/caller";
+import { App } from "../entities/index.ts";
+
+export function appNotFound(appName: string, branch?: string): PlatformError {
+  return PlatformError.notFound(branch ? `App '${appName}' has no branch '${branch}'` : `App '${appName}' not found`);
+}
+
+/** Every branch row of an app the caller may see, production first. */
+export async function appBranches(em: EntityManager, caller: Caller, appName: string): Promise<App[]> {
+  const rows = await em.find(App, { appName }, { orderBy: { isProduction: "desc", createdAt: "asc" } });
+  const visible = rows.filter((a) => canSeeGroup(caller, a.groupSlug) && (!caller.selectedGroup || caller.platformOperator || a.groupSlug === caller.selectedGroup));
+  if (visible.length === 0) throw appNotFound(appName);
+  return visible;
+}
+
+/** One branch of an app; without a branch, the production branch. */
+export async function findApp(em: EntityManager, caller: Caller, appName: string, branch?: string): Promise<App> {
+  const rows = await appBranches(em, caller, appName);
+  if (!branch) return rows[0]!;
+  const row = rows.find((a) => a.branch === branch);
+  if (!row) throw appNotFound(appName, branch);
+  return row;
+}
+
+export async function listApps(em: EntityManager, caller: Caller, allGroups: boolean): Promise<App[]> {
+  const where = caller.platformOperator && allGroups ? {} : { groupSlug: caller.selectedGroup };
+  if (!caller.platformOperator && !canSeeGroup(caller, caller.selectedGroup)) return [];
+  return em.find(App, where, { orderBy: { appName: "asc", isProduction: "desc", branch: "asc" } });
+}
+
+/**
+ * Deletes one branch's registration. The production branch of an app that has other branches
+ * must hand production over first, so the app is never left without one.
+ */
+export async function deleteApp(em: EntityManager, caller: Caller, appName: string, branch?: string): Promise<void> {
+  const rows = await appBranches(em, caller, appName);
+  const target = branch ? rows.find((a) => a.branch === branch) : rows.length === 1 ? rows[0] : undefined;
+  if (!target) {
+    if (branch) throw appNotFound(appName, branch);
+    throw PlatformError.conflict({
+      code: "branch_required",
+      message: `App '${appName}' has ${rows.length} branches; name the one to delete with ?branch=.`,
+      branches: rows.map((a) => a.branch),
+    });
+  }
+  if (target.deployStatus === "running" || target.deployStatus === "deploying") {
+    throw PlatformError.conflict({ code: "app_running", message: `Undeploy branch '${target.branch}' of '${appName}' before deleting it.` });
+  }
+  if (target.isProduction && rows.length > 1) {
+    throw PlatformError.conflict({
+      code: "production_branch",
+      message: `Branch '${target.branch}' is production for '${appName}'; promote another branch with set-production first.`,
+    });
+  }
+  em.remove(target);
+}

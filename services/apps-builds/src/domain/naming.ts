@@ -1,0 +1,55 @@
+/**
+ * App names and branch labels (spec doc 1 section 2.1): names are sanitised to lowercase
+ * slug-like labels that can appear in hostnames.
+ */
+import { PlatformError } from "@platform/errors";
+
+export const APP_NAME_MAX = 128;
+/** A DNS label is at most 63 characters. */
+const LABEL_MAX = 63;
+
+/** `My Shop_API` → `my-shop-api`. Empty when nothing usable remains. */
+export function sanitizeName(input: string): string {
+  return input
+    .normalize("NFKD")
+    .replace(/[\u0300-\u036f]/g, "")
+    .toLowerCase()
+    .replace(/[^a-z0-9]+/g, "-")
+    .replace(/^-+|-+$/g, "")
+    .slice(0, LABEL_MAX)
+    .replace(/-+$/g, "");
+}
+
+export function appNameFrom(input: string): string {
+  const raw = input.trim();
+  if (raw.length < 1 || raw.length > APP_NAME_MAX) throw PlatformError.invalid(`app_name must be 1-${APP_NAME_MAX} characters.`);
+  const name = sanitizeName(raw);
+  if (!name) throw PlatformError.invalid("app_name must contain letters or digits.");
+  return name;
+}
+
+/** The branch as a hostname label: `feature/Login` → `feature-login`. */
+export function branchLabel(branch: string): string {
+  const label = sanitizeName(branch);
+  if (!label) throw PlatformError.invalid("branch must contain letters or digits.");
+  return label;
+}
+
+const BRANCH = /^(?!\/)(?!.*\/\/)(?!.*\.\.)(?!.*@\{)[^\s~^:?*[\\\x00-\x1f]{1,200}(?<![/.])$/;
+
+/** Git's own rules for a branch name, roughly `git check-ref-format --branch`. */
+export function checkBranch(branch: string): string {
+  const value = branch.trim();
+  if (!BRANCH.test(value) || value.endsWith(".lock")) throw PlatformError.invalid(`'${branch}' is not a valid git branch name.`);
+  return value;
+}
+
+/** The next free slug: `shop`, then `shop-2`, `shop-3`... */
+export function withSuffix(base: string, taken: ReadonlySet<string>): string {
+  if (!taken.has(base)) return base;
+  for (let n = 2; ; n++) {
+    const suffix = `-${n}`;
+    const candidate = `${base.slice(0, LABEL_MAX - suffix.length)}${suffix}`;
+    if (!taken.has(candidate)) return candidate;
+  }
+}

@@ -1,0 +1,127 @@
+/**
+ * Registering an app (spec doc 1 section 4.4, POST /api/apps): name sanitising with a numeric
+ * suffix when another group holds the name, one row per branch, the same-repository rule, and
+ * the preflight quarantine every new app starts in.
+ */
+import { randomUUID } from "node:crypto";
+import { PlatformError } from "@platform/errors";
+import type { EntityManager } from "@platform/db";
+import { canSeeGroup, type Caller } from "@platform/caller";
+import { App } from "../entities/index.ts";
+import { appNameFrom, branchLabel, checkBranch, withSuffix } from "./naming.ts";
+import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
+import { requeuePreflight } from "./preflight.ts";
+
+export interface RegisterInput {
+  appName: string;
+  repository: string;
+  displayName?: string;
+  branch?: string;
+  description?: string;
+  configPath?: string;
+  groupSlug?: string;
+  databaseEnabled?: boolean;
+  cacheEnabled?: boolean;
+  emailEnabled?: boolean;
+}
+
+export const DEFAULT_CONFIG_PATH = "platform.yaml";
+
+export function checkConfigPath(input: string | undefined): string {
+  const path = (input ?? "").trim() || DEFAULT_CONFIG_PATH;
+  if (path.length > 256 || path.startsWith("/") || path.split("/").some((part) => part === ".." || part === "")) {
+    throw PlatformError.invalid("config_path must be a relative path inside the repository.");
+  }
+  return path;
+}
+
+function actor(caller: Caller): string {
+  return `${caller.kind}:${caller.principalId}`;
+}
+
+export async function registerApp(
+  em: EntityManager,
+  caller: Caller,
+  input: RegisterInput,
+  policy: RepositoryPolicy,
+): Promise<{ app: App; preflightActionId: string }> {
+  const group = input.groupSlug?.trim() || caller.selectedGroup;
+  if (!group) throw PlatformError.invalid("Select the group to register the app in (group_slug or ?group=).");
+  if (!canSeeGroup(caller, group)) throw PlatformError.forbidden(`You are not authorised to register apps in group '${group}'.`);
+  const baseName = appNameFrom(input.appName);
+  const branch = checkBranch(input.branch || "main");
+  const label = branchLabel(branch);
+  const configPath = checkConfigPath(input.configPath);
+  checkRepository(input.repository, policy);
+  const repositoryKey = normalizeRepository(input.repository);
+  const displayName = (input.displayName ?? "").trim() || input.appName.trim();
+  if (displayName.length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
+  const description = (input.description ?? "").trim();
+  if (description.length > 2000) throw PlatformError.invalid("description must be at most 2000 characters.");
+
+  // Registrations of one name are serialised, so two requests cannot take the same name.
+  await em
+    .getConnection()
+    .execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.register.${baseName}`], "all", em.getTransactionContext());
+
+  const ours = await em.find(App, { groupSlug: group, $or: [{ baseName }, { appName: baseName }] }, { orderBy: { createdAt: "asc" } });
+  let appName: string;
+  if (ours.length > 0) {
+    appName = ours[0]!.appName;
+    const branches = ours.filter((a) => a.appName === appName);
+    if (branches.some((a) => a.branch === branch)) {
+      throw PlatformError.conflict({ code: "app_exists", message: `App '${appName}' already has branch '${branch}'.`, app_name: appName, branch });
+    }
+    const sibling = branches.find((a) => a.branchLabel === label);
+    if (sibling) {
+      throw PlatformError.conflict({
+        code: "branch_collides",
+        message: `Branch '${branch}' collides with branch '${sibling.branch}' of '${appName}' once sanitised to '${label}'.`,
+        with: sibling.branch,
+      });
+    }
+  } else {
+    const twin = await em.findOne(App, { groupSlug: group, repositoryKey, configPath });
+    if (twin) {
+      throw PlatformError.conflict({
+        code: "repository_already_registered",
+        message: `This repository (with config ${configPath}) is already registered in group '${group}' as '${twin.appName}'. Register another branch of that app instead.`,
+        app_name: twin.appName,
+      });
+    }
+    const taken = await em.find(App, { $or: [{ appName: baseName }, { appName: { $like: `${baseName}-%` } }] }, { fields: ["appName"] });
+    appName = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
+  }
+
+  const app = em.create(App, {
+    id: randomUUID(),
+    appName,
+    baseName,
+    displayName,
+    slug: appName,
+    groupSlug: group,
+    branch,
+    branchLabel: label,
+    repository: input.repository.trim(),
+    repositoryKey,
+    configPath,
+    description,
+    deployStatus: "undeployed",
+    visibility: "public",
+    isProduction: ours.length === 0,
+    latestBuild: null,
+    buildCount: 0,
+    databaseEnabled: input.databaseEnabled ?? false,
+    cacheEnabled: input.cacheEnabled ?? false,
+    emailEnabled: input.emailEnabled ?? false,
+    preflightStatus: "pending",
+    preflightResult: null,
+    preflightNonce: 0,
+    serviceNames: [],
+    warnings: [],
+    deployWarning: null,
+    createdBy: actor(caller),
+  });
+  const preflightActionId = requeuePreflight(em, app);
+  return { app, preflightActionId };
+}

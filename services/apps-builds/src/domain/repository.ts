@@ -1,0 +1,58 @@
+/**
+ * Repository URLs (ARCHITECTURE section 8): https, http, ssh and `git@host:path` are accepted,
+ * file:// only where the environment allows local repositories; anything else is the spec's
+ * 422 "repository host unsupported". The normalised form decides the same-repository rule.
+ */
+import { PlatformError } from "@platform/errors";
+
+export interface RepositoryPolicy {
+  allowFileRepos: boolean;
+}
+
+const SCP_LIKE = /^([A-Za-z0-9._-]+@)([A-Za-z0-9.-]+):(?!\/\/)(.+)$/;
+
+function unsupported(repository: string): PlatformError {
+  return PlatformError.invalid({
+    code: "repository_host_unsupported",
+    message: `Repository host unsupported: '${repository}'. Use an https://, http://, ssh:// or git@host:path URL.`,
+  });
+}
+
+/** Throws the 422 unless the URL is one the agents can clone. */
+export function checkRepository(repository: string, policy: RepositoryPolicy): void {
+  const value = repository.trim();
+  if (!value || value.length > 2048 || /\s/.test(value)) throw unsupported(repository);
+  if (SCP_LIKE.test(value) && !value.includes("://")) return;
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw unsupported(repository);
+  }
+  if (url.protocol === "file:") {
+    if (!policy.allowFileRepos) throw unsupported(repository);
+    return;
+  }
+  if (!["https:", "http:", "ssh:"].includes(url.protocol) || !url.hostname) throw unsupported(repository);
+}
+
+/**
+ * `https://GitHub.com/Acme/Web.git/`, `ssh://git@github.com/acme/web` and
+ * `git@github.com:acme/web.git` all normalise to `github.com/acme/web`.
+ */
+export function normalizeRepository(repository: string): string {
+  const value = repository.trim();
+  const scp = !value.includes("://") ? SCP_LIKE.exec(value) : null;
+  let host: string;
+  let path: string;
+  if (scp) {
+    host = scp[2]!;
+    path = scp[3]!;
+  } else {
+    const url = new URL(value);
+    host = url.protocol === "file:" ? "file" : url.host;
+    path = decodeURIComponent(url.pathname);
+  }
+  path = path.replace(/\/+$/, "").replace(/\.git$/i, "").replace(/^\/+/, "");
+  return `${host.toLowerCase()}/${path.toLowerCase()}`;
+}

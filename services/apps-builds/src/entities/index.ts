@@ -1,0 +1,57 @@
+import { defineEntity, p } from "@mikro-orm/core";
+
+export interface PreflightResultData {
+  reason: string;
+  detail: string;
+  services: string[];
+  missing_paths: string[];
+  errors: Array<Record<string, unknown>>;
+}
+
+/** One registered app on one branch: an app is unique by (app_name, branch) in the environment. */
+export const AppSchema = defineEntity({
+  name: "App",
+  tableName: "apps",
+  properties: {
+    id: p.uuid().primary(),
+    appName: p.text(),
+    /** The sanitised name asked for; app_name may carry a numeric suffix when another group has it. */
+    baseName: p.text(),
+    displayName: p.text(),
+    slug: p.text(),
+    groupSlug: p.text(),
+    branch: p.text(),
+    /** The branch as it appears in hostnames; two branches of an app may not share one. */
+    branchLabel: p.text(),
+    repository: p.text(),
+    /** The repository URL normalised for the same-repository rule. */
+    repositoryKey: p.text(),
+    configPath: p.text(),
+    description: p.text(),
+    deployStatus: p.text(),
+    visibility: p.text(),
+    isProduction: p.boolean(),
+    latestBuild: p.text().nullable(),
+    buildCount: p.integer(),
+    runningVersion: p.text().nullable(),
+    runningBuildId: p.uuid().nullable(),
+    runningSince: p.datetime().nullable(),
+    databaseEnabled: p.boolean(),
+    cacheEnabled: p.boolean(),
+    emailEnabled: p.boolean(),
+    preflightStatus: p.text(),
+    preflightResult: p.json<PreflightResultData>().nullable(),
+    /** Bumped by every re-queue; a preflight answer for an older nonce is ignored. */
+    preflightNonce: p.integer(),
+    serviceNames: p.json<string[]>(),
+    warnings: p.json<string[]>(),
+    deployWarning: p.text().nullable(),
+    createdBy: p.text(),
+    createdAt: p.datetime().defaultRaw("now()"),
+    updatedAt: p.datetime().defaultRaw("now()").onUpdate(() => new Date()),
+  },
+});
+export class App extends AppSchema.class {}
+AppSchema.setClass(App);
+
+export const entities = [AppSchema];

@@ -1,0 +1,39 @@
+/**
+ * Carries out queued preflights: asks any agent (fast RPC GIT_PREFLIGHT over NATS request/reply,
+ * never the deploy lane) and records its answer. The request is a committed outbox event, so a
+ * crash before the answer only means the event is delivered again.
+ */
+import { handleOnce, runConsumer, subjects, type EventEnvelope, type RunningConsumer } from "@platform/bus";
+import type { ServiceContext } from "@platform/service";
+import { App } from "./entities/index.ts";
+import { applyPreflightAnswer, type PreflightAnswer, type PreflightRequest } from "./domain/preflight.ts";
+
+/** Longer than the agent's own git timeouts, so the agent answers first. */
+const AGENT_TIMEOUT_MS = 90_000;
+
+export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsumer> {
+  const { bus } = ctx;
+  return runConsumer({
+    bus,
+    stream: subjects.streams(bus.prefix).events.name,
+    durable: "apps-builds-preflight",
+    filterSubject: bus.subject(subjects.events.preflightRequested),
+    logger: ctx.logger,
+    ackWaitMs: AGENT_TIMEOUT_MS + 30_000,
+    async handle(msg) {
+      const event = msg.json<EventEnvelope>();
+      const request = event.data as unknown as PreflightRequest;
+      const current = await ctx.read((em) => em.findOne(App, { id: request.app_id }));
+      if (!current || current.preflightNonce !== request.nonce) return;
+      // No agent listening fails at once ("no responders"); the message is redelivered later.
+      const reply = await bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS });
+      const answer = reply.json<PreflightAnswer>();
+      await handleOnce(ctx.orm, "apps-builds.preflight", msg, async (em) => {
+        const app = await em.findOne(App, { id: request.app_id });
+        if (app && applyPreflightAnswer(app, request.nonce, answer)) {
+          ctx.logger.info({ app: app.appName, branch: app.branch, status: answer.status }, "preflight answered");
+        }
+      });
+    },
+  });
+}

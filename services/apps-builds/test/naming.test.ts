@@ -1,0 +1,84 @@
+import { describe, expect, it } from "vitest";
+import { appNameFrom, branchLabel, checkBranch, sanitizeName, withSuffix } from "../src/domain/naming.ts";
+import { checkRepository, normalizeRepository } from "../src/domain/repository.ts";
+import { checkConfigPath } from "../src/domain/registration.ts";
+
+const status = (fn: () => unknown) => {
+  try {
+    fn();
+  } catch (err) {
+    return (err as { status?: number }).status;
+  }
+  return 0;
+};
+
+describe("app names", () => {
+  it("sanitises to a lowercase slug-like label", () => {
+    expect(sanitizeName("My Shop_API")).toBe("my-shop-api");
+    expect(sanitizeName("  Café--Größe!! ")).toBe("cafe-gro-e");
+    expect(appNameFrom("Web")).toBe("web");
+    expect(sanitizeName("x".repeat(100))).toHaveLength(63);
+  });
+
+  it("refuses empty, too long and symbol-only names with 422", () => {
+    expect(status(() => appNameFrom(""))).toBe(422);
+    expect(status(() => appNameFrom("x".repeat(129)))).toBe(422);
+    expect(status(() => appNameFrom("!!!"))).toBe(422);
+    expect(appNameFrom("x".repeat(128))).toHaveLength(63);
+  });
+
+  it("adds the first free numeric suffix", () => {
+    expect(withSuffix("shop", new Set())).toBe("shop");
+    expect(withSuffix("shop", new Set(["shop"]))).toBe("shop-2");
+    expect(withSuffix("shop", new Set(["shop", "shop-2", "shop-3"]))).toBe("shop-4");
+  });
+});
+
+describe("branches", () => {
+  it("accepts git branch names and labels them for hostnames", () => {
+    expect(checkBranch("feature/login")).toBe("feature/login");
+    expect(branchLabel("feature/Login")).toBe("feature-login");
+    expect(branchLabel("feature_login")).toBe("feature-login");
+  });
+
+  it("refuses what git refuses", () => {
+    for (const bad of ["", "a..b", "/a", "a/", "a b", "a~1", "a^", "a:b", "x.lock", "a//b", "a@{1}"]) {
+      expect(status(() => checkBranch(bad)), bad).toBe(422);
+    }
+  });
+});
+
+describe("repositories", () => {
+  const dev = { allowFileRepos: true };
+  const prod = { allowFileRepos: false };
+
+  it("accepts https, http, ssh and git@host:path", () => {
+    for (const url of ["https://github.com/acme/web.git", "http://git.local/acme/web", "ssh://git@github.com/acme/web", "git@github.com:acme/web.git"]) {
+      expect(status(() => checkRepository(url, prod)), url).toBe(0);
+    }
+  });
+
+  it("refuses other schemes with 422, and file:// unless allowed", () => {
+    for (const url of ["ftp://host/repo", "github.com/acme/web", "javascript:alert(1)", "", "https:// spaced"]) {
+      expect(status(() => checkRepository(url, dev)), url).toBe(422);
+    }
+    expect(status(() => checkRepository("file:///srv/git/web.git", prod))).toBe(422);
+    expect(status(() => checkRepository("file:///srv/git/web.git", dev))).toBe(0);
+  });
+
+  it("normalises the forms of one repository to one key", () => {
+    const key = "github.com/acme/web";
+    for (const url of ["https://GitHub.com/Acme/Web.git/", "ssh://git@github.com/acme/web", "git@github.com:acme/web.git", "http://github.com/acme/web"]) {
+      expect(normalizeRepository(url), url).toBe(key);
+    }
+    expect(normalizeRepository("https://github.com/acme/api")).not.toBe(key);
+  });
+});
+
+describe("config_path", () => {
+  it("defaults to platform.yaml and stays inside the repository", () => {
+    expect(checkConfigPath(undefined)).toBe("platform.yaml");
+    expect(checkConfigPath("deploy/platform.yaml")).toBe("deploy/platform.yaml");
+    for (const bad of ["/etc/passwd", "../x.yaml", "a/../../x", "a//b"]) expect(status(() => checkConfigPath(bad)), bad).toBe(422);
+  });
+});
