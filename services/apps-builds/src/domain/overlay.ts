@@ -12,8 +12,8 @@
  * elements addressed BY NAME, `cron[nightly].enabled`, `storage.drives[uploads].size_gb`. Every
  * list of the schema holds named entries with unique names, so an overlay entry keeps pointing at
  * the same cron job or drive when the repository reorders or inserts entries; list order is not a
- * layer property (the effective config keeps the repository's order, entries added from the
- * dashboard follow in name order). An element's `name` leaf is its identity: renaming an element
+ * layer property (the effective config keeps the repository's order; keys and entries added from
+ * the dashboard follow in path order, i.e. by name). An element's `name` leaf is its identity: renaming an element
  * is removing one and adding another. An element without a valid, unique name (only in an invalid
  * config) falls back to its index, `cron[0]`, so every function here is total.
  *

@@ -1,0 +1,61 @@
+/**
+ * Size bounds on a config value, checked before the schema: nesting depth and node count. Used on
+ * a parsed YAML document (after alias resolution, so an alias counts every time it is used) and on
+ * a config submitted as a JSON object.
+ */
+import { formatConfigPath, type PathSegment } from "./path.ts";
+import { MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, type ConfigProblem } from "./types.ts";
+
+/**
+ * Depth counts collections: the root mapping is depth 1, `storage.drives[0]` is depth 4. Nodes
+ * count every value (the root, every mapping value, every list item), keys excluded. Returns at
+ * most one problem (`too_deep` with the path of the first collection past the bound, or
+ * `too_many_nodes`); the walk stops there, so a cyclic or alias-bombed value is cheap to refuse.
+ */
+export function checkConfigBounds(
+  value: unknown,
+  limits: { maxDepth?: number; maxNodes?: number } = {},
+): ConfigProblem[] {
+  const maxDepth = limits.maxDepth ?? MAX_CONFIG_DEPTH;
+  const maxNodes = limits.maxNodes ?? MAX_CONFIG_NODES;
+  let nodes = 0;
+  const path: PathSegment[] = [];
+
+  const visit = (v: unknown, depth: number): ConfigProblem | null => {
+    nodes += 1;
+    if (nodes > maxNodes) {
+      return {
+        code: "too_many_nodes",
+        message: `The config has more than ${maxNodes} values once aliases are expanded.`,
+      };
+    }
+    if (typeof v !== "object" || v === null) return null;
+    const level = depth + 1;
+    if (level > maxDepth) {
+      return {
+        code: "too_deep",
+        message: `The config nests deeper than ${maxDepth} levels.`,
+        ...(path.length > 0 ? { path: formatConfigPath(path) } : {}),
+      };
+    }
+    if (Array.isArray(v)) {
+      for (let index = 0; index < v.length; index += 1) {
+        path.push(index);
+        const problem = visit(v[index], level);
+        path.pop();
+        if (problem) return problem;
+      }
+    } else {
+      for (const key of Object.keys(v)) {
+        path.push(key);
+        const problem = visit((v as Record<string, unknown>)[key], level);
+        path.pop();
+        if (problem) return problem;
+      }
+    }
+    return null;
+  };
+
+  const problem = visit(value, 0);
+  return problem ? [problem] : [];
+}
