@@ -15,6 +15,7 @@ import { CredentialCache } from "./domain/credential-cache.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
+import { buildRoutes } from "./routes/builds.ts";
 import { authRoutes } from "./routes/auth.ts";
 import { docsRoutes } from "./routes/docs.ts";
 import { groupRoutes } from "./routes/groups.ts";
@@ -71,6 +72,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   keyRoutes(app, identity, cache);
   authRoutes(app, identity, cache);
   appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
+  buildRoutes(app, apps);
   docsRoutes(app);
 
   // Every replica drops a revoked credential as soon as identity announces it.

@@ -1,12 +1,14 @@
 /**
- * apps-builds: apps per branch, their preflight state, and (with later issues) config layers,
- * builds and variables.
+ * apps-builds: apps per branch, their preflight state, builds, variables and config layers.
  */
 import { appsBuildsEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_apps.ts";
+import { buildMigrations } from "./migrations/0003_builds.ts";
+import { startBuildTracker } from "./build-tracker.ts";
 import { startPreflightWorker } from "./preflight-worker.ts";
+import { buildHandlers } from "./rpc-builds.ts";
 import { routes } from "./rpc.ts";
 
 export type AppsBuildsConfig = Config<typeof appsBuildsEnv>;
@@ -16,11 +18,12 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     name: "apps-builds",
     config,
     entities,
-    migrations,
-    routes: (ctx) => routes({ ...ctx, config }),
+    migrations: [...migrations, ...buildMigrations],
+    routes: (ctx) => routes({ ...ctx, config }, buildHandlers),
     async onStart(ctx) {
-      const worker = await startPreflightWorker(ctx);
-      return [() => worker.stop()];
+      const preflight = await startPreflightWorker(ctx);
+      const tracker = await startBuildTracker(ctx);
+      return [() => preflight.stop(), () => tracker.stop()];
     },
   });
 }

@@ -1,5 +1,5 @@
 /** Connect handlers of apps-builds: thin translations between protobuf and the domain. */
-import type { ConnectRouter } from "@connectrpc/connect";
+import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { ListValueSchema } from "@bufbuild/protobuf/wkt";
 import { fromJson } from "@bufbuild/protobuf";
@@ -56,10 +56,20 @@ export function appMsg(a: App): AppMsg {
   });
 }
 
-export function routes(ctx: ServiceContext & { config: { PLATFORM_ALLOW_FILE_REPOS?: boolean } }) {
-  const policy = { allowFileRepos: allowFileRepos(ctx.config) };
+export type AppsBuildsContext = ServiceContext & { config: { PLATFORM_ALLOW_FILE_REPOS?: boolean } };
+
+/** Handlers of AppsBuildsService; each capability contributes its own group of methods. */
+export type Handlers = Partial<ServiceImpl<typeof AppsBuildsService>>;
+
+export function routes(ctx: AppsBuildsContext, ...more: Array<(ctx: AppsBuildsContext) => Handlers>) {
   return (router: ConnectRouter) => {
-    router.service(AppsBuildsService, {
+    router.service(AppsBuildsService, Object.assign({}, appHandlers(ctx), ...more.map((h) => h(ctx))));
+  };
+}
+
+function appHandlers(ctx: AppsBuildsContext): Handlers {
+  const policy = { allowFileRepos: allowFileRepos(ctx.config) };
+  return {
       readiness: (req) => ctx.readiness(req),
 
       async registerApp(req) {
@@ -129,6 +139,5 @@ export function routes(ctx: ServiceContext & { config: { PLATFORM_ALLOW_FILE_REP
           return { appName: app.appName, branch: app.branch, preflightStatus: app.preflightStatus, preflightActionId };
         });
       },
-    });
   };
 }

@@ -54,4 +54,43 @@ export const AppSchema = defineEntity({
 export class App extends AppSchema.class {}
 AppSchema.setClass(App);
 
-export const entities = [AppSchema];
+
+/**
+ * A build (spec doc 1 section 2.2): its id is the BUILD action's id. The row keeps `queued` while
+ * the agent works and is finalised at completion; `queueStatus` follows the live lifecycle.
+ */
+export const BuildSchema = defineEntity({
+  name: "Build",
+  tableName: "builds",
+  properties: {
+    id: p.uuid().primary(),
+    appId: p.uuid(),
+    appName: p.text(),
+    displayName: p.text(),
+    groupSlug: p.text(),
+    branch: p.text(),
+    tag: p.text(),
+    commitHash: p.text().nullable(),
+    commitMessage: p.text().nullable(),
+    commitAuthor: p.text().nullable(),
+    commitCommittedAt: p.datetime().nullable(),
+    status: p.text(),
+    queueStatus: p.text(),
+    codebuildPhase: p.text(),
+    durationSeconds: p.integer().nullable(),
+    images: p.json<string[]>(),
+    errorMessage: p.text().nullable(),
+    log: p.text().nullable(),
+    autoDeploy: p.boolean(),
+    deployActionId: p.uuid().nullable(),
+    createdBy: p.text(),
+    startedAt: p.datetime().nullable(),
+    completedAt: p.datetime().nullable(),
+    createdAt: p.datetime().defaultRaw("now()"),
+    updatedAt: p.datetime().defaultRaw("now()").onUpdate(() => new Date()),
+  },
+});
+export class Build extends BuildSchema.class {}
+BuildSchema.setClass(Build);
+
+export const entities = [AppSchema, BuildSchema];

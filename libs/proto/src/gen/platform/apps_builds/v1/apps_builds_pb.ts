@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file platform/apps_builds/v1/apps_builds.proto.
  */
 export const file_platform_apps_builds_v1_apps_builds: GenFile = /*@__PURE__*/
-  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEihgEKD1ByZWZsaWdodFJlc3VsdBIOCgZyZWFzb24YASABKAkSDgoGZGV0YWlsGAIgASgJEhAKCHNlcnZpY2VzGAMgAygJEhUKDW1pc3NpbmdfcGF0aHMYBCADKAkSKgoGZXJyb3JzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKVBgoDQXBwEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRIMCgRzbHVnGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSDgoGYnJhbmNoGAYgASgJEhIKCnJlcG9zaXRvcnkYByABKAkSEwoLY29uZmlnX3BhdGgYCCABKAkSFQoNZGVwbG95X3N0YXR1cxgJIAEoCRISCgp2aXNpYmlsaXR5GAogASgJEhUKDWlzX3Byb2R1Y3Rpb24YCyABKAgSGQoMbGF0ZXN0X2J1aWxkGAwgASgJSACIAQESEwoLYnVpbGRfY291bnQYDSABKAUSHAoPcnVubmluZ192ZXJzaW9uGA4gASgJSAGIAQESHQoQcnVubmluZ19idWlsZF9pZBgPIAEoCUgCiAEBEhoKDXJ1bm5pbmdfc2luY2UYECABKAlIA4gBARIYChBkYXRhYmFzZV9lbmFibGVkGBEgASgIEhUKDWNhY2hlX2VuYWJsZWQYEiABKAgSFQoNZW1haWxfZW5hYmxlZBgTIAEoCBIYChBwcmVmbGlnaHRfc3RhdHVzGBQgASgJEkcKEHByZWZsaWdodF9yZXN1bHQYFSABKAsyKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5QcmVmbGlnaHRSZXN1bHRIBIgBARIbCg5kZXBsb3lfd2FybmluZxgWIAEoCUgFiAEBEhAKCHdhcm5pbmdzGBcgAygJEhIKCmNyZWF0ZWRfYXQYGCABKAkSEgoKdXBkYXRlZF9hdBgZIAEoCRITCgtkZXNjcmlwdGlvbhgaIAEoCRISCgpjcmVhdGVkX2J5GBsgASgJEhUKDXNlcnZpY2VfbmFtZXMYHCADKAlCDwoNX2xhdGVzdF9idWlsZEISChBfcnVubmluZ192ZXJzaW9uQhMKEV9ydW5uaW5nX2J1aWxkX2lkQhAKDl9ydW5uaW5nX3NpbmNlQhMKEV9wcmVmbGlnaHRfcmVzdWx0QhEKD19kZXBsb3lfd2FybmluZyKSAgoSUmVnaXN0ZXJBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIUCgxkaXNwbGF5X25hbWUYBCABKAkSDgoGYnJhbmNoGAUgASgJEhMKC2Rlc2NyaXB0aW9uGAYgASgJEhMKC2NvbmZpZ19wYXRoGAcgASgJEhIKCmdyb3VwX3NsdWcYCCABKAkSGAoQZGF0YWJhc2VfZW5hYmxlZBgJIAEoCBIVCg1jYWNoZV9lbmFibGVkGAogASgIEhUKDWVtYWlsX2VuYWJsZWQYCyABKAgiXQoTUmVnaXN0ZXJBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASGwoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCSJRCg9MaXN0QXBwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchISCgphbGxfZ3JvdXBzGAIgASgIIk4KEExpc3RBcHBzUmVzcG9uc2USKwoFaXRlbXMYASADKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASDQoFdG90YWwYAiABKAUiXQoNR2V0QXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSJgChBEZWxldGVBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIhMKEURlbGV0ZUFwcFJlc3BvbnNlIlMKE0xpc3RCcmFuY2hlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCSKgAQoGQnJhbmNoEg4KBmJyYW5jaBgBIAEoCRIVCg1pc19wcm9kdWN0aW9uGAIgASgIEhUKDWRlcGxveV9zdGF0dXMYAyABKAkSGAoQcHJlZmxpZ2h0X3N0YXR1cxgEIAEoCRIZCgxsYXRlc3RfYnVpbGQYBSABKAlIAIgBARISCgpjcmVhdGVkX2F0GAYgASgJQg8KDV9sYXRlc3RfYnVpbGQiWwoUTGlzdEJyYW5jaGVzUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSMQoIYnJhbmNoZXMYAiADKAsyHy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CcmFuY2giZwoXUmVjaGVja1ByZWZsaWdodFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkicwoYUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIYChBwcmVmbGlnaHRfc3RhdHVzGAMgASgJEhsKE3ByZWZsaWdodF9hY3Rpb25faWQYBCABKAky0gUKEUFwcHNCdWlsZHNTZXJ2aWNlElgKCVJlYWRpbmVzcxIkLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXF1ZXN0GiUucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1Jlc3BvbnNlEmgKC1JlZ2lzdGVyQXBwEisucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVnaXN0ZXJBcHBSZXF1ZXN0GiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVnaXN0ZXJBcHBSZXNwb25zZRJfCghMaXN0QXBwcxIoLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RBcHBzUmVxdWVzdBopLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RBcHBzUmVzcG9uc2USTgoGR2V0QXBwEiYucGxhdGZvcm0uYXBwc19idWlsZHMudjEuR2V0QXBwUmVxdWVzdBocLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkFwcBJiCglEZWxldGVBcHASKS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5EZWxldGVBcHBSZXF1ZXN0GioucGxhdGZvcm0uYXBwc19idWlsZHMudjEuRGVsZXRlQXBwUmVzcG9uc2USawoMTGlzdEJyYW5jaGVzEiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJyYW5jaGVzUmVxdWVzdBotLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RCcmFuY2hlc1Jlc3BvbnNlEncKEFJlY2hlY2tQcmVmbGlnaHQSMC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWNoZWNrUHJlZmxpZ2h0UmVxdWVzdBoxLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlY2hlY2tQcmVmbGlnaHRSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_struct, file_platform_common_v1_common]);
+  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEihgEKD1ByZWZsaWdodFJlc3VsdBIOCgZyZWFzb24YASABKAkSDgoGZGV0YWlsGAIgASgJEhAKCHNlcnZpY2VzGAMgAygJEhUKDW1pc3NpbmdfcGF0aHMYBCADKAkSKgoGZXJyb3JzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKVBgoDQXBwEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRIMCgRzbHVnGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSDgoGYnJhbmNoGAYgASgJEhIKCnJlcG9zaXRvcnkYByABKAkSEwoLY29uZmlnX3BhdGgYCCABKAkSFQoNZGVwbG95X3N0YXR1cxgJIAEoCRISCgp2aXNpYmlsaXR5GAogASgJEhUKDWlzX3Byb2R1Y3Rpb24YCyABKAgSGQoMbGF0ZXN0X2J1aWxkGAwgASgJSACIAQESEwoLYnVpbGRfY291bnQYDSABKAUSHAoPcnVubmluZ192ZXJzaW9uGA4gASgJSAGIAQESHQoQcnVubmluZ19idWlsZF9pZBgPIAEoCUgCiAEBEhoKDXJ1bm5pbmdfc2luY2UYECABKAlIA4gBARIYChBkYXRhYmFzZV9lbmFibGVkGBEgASgIEhUKDWNhY2hlX2VuYWJsZWQYEiABKAgSFQoNZW1haWxfZW5hYmxlZBgTIAEoCBIYChBwcmVmbGlnaHRfc3RhdHVzGBQgASgJEkcKEHByZWZsaWdodF9yZXN1bHQYFSABKAsyKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5QcmVmbGlnaHRSZXN1bHRIBIgBARIbCg5kZXBsb3lfd2FybmluZxgWIAEoCUgFiAEBEhAKCHdhcm5pbmdzGBcgAygJEhIKCmNyZWF0ZWRfYXQYGCABKAkSEgoKdXBkYXRlZF9hdBgZIAEoCRITCgtkZXNjcmlwdGlvbhgaIAEoCRISCgpjcmVhdGVkX2J5GBsgASgJEhUKDXNlcnZpY2VfbmFtZXMYHCADKAlCDwoNX2xhdGVzdF9idWlsZEISChBfcnVubmluZ192ZXJzaW9uQhMKEV9ydW5uaW5nX2J1aWxkX2lkQhAKDl9ydW5uaW5nX3NpbmNlQhMKEV9wcmVmbGlnaHRfcmVzdWx0QhEKD19kZXBsb3lfd2FybmluZyKSAgoSUmVnaXN0ZXJBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIUCgxkaXNwbGF5X25hbWUYBCABKAkSDgoGYnJhbmNoGAUgASgJEhMKC2Rlc2NyaXB0aW9uGAYgASgJEhMKC2NvbmZpZ19wYXRoGAcgASgJEhIKCmdyb3VwX3NsdWcYCCABKAkSGAoQZGF0YWJhc2VfZW5hYmxlZBgJIAEoCBIVCg1jYWNoZV9lbmFibGVkGAogASgIEhUKDWVtYWlsX2VuYWJsZWQYCyABKAgiXQoTUmVnaXN0ZXJBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASGwoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCSJRCg9MaXN0QXBwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchISCgphbGxfZ3JvdXBzGAIgASgIIk4KEExpc3RBcHBzUmVzcG9uc2USKwoFaXRlbXMYASADKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASDQoFdG90YWwYAiABKAUiXQoNR2V0QXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSJgChBEZWxldGVBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIhMKEURlbGV0ZUFwcFJlc3BvbnNlIlMKE0xpc3RCcmFuY2hlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCSKgAQoGQnJhbmNoEg4KBmJyYW5jaBgBIAEoCRIVCg1pc19wcm9kdWN0aW9uGAIgASgIEhUKDWRlcGxveV9zdGF0dXMYAyABKAkSGAoQcHJlZmxpZ2h0X3N0YXR1cxgEIAEoCRIZCgxsYXRlc3RfYnVpbGQYBSABKAlIAIgBARISCgpjcmVhdGVkX2F0GAYgASgJQg8KDV9sYXRlc3RfYnVpbGQiWwoUTGlzdEJyYW5jaGVzUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSMQoIYnJhbmNoZXMYAiADKAsyHy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CcmFuY2giZwoXUmVjaGVja1ByZWZsaWdodFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkicwoYUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIYChBwcmVmbGlnaHRfc3RhdHVzGAMgASgJEhsKE3ByZWZsaWdodF9hY3Rpb25faWQYBCABKAkinwUKBUJ1aWxkEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRILCgN0YWcYBCABKAkSGAoLY29tbWl0X2hhc2gYBSABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgGIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYByABKAlIAogBARIgChNjb21taXRfY29tbWl0dGVkX2F0GAggASgJSAOIAQESDgoGYnJhbmNoGAkgASgJEg4KBnN0YXR1cxgKIAEoCRIUCgxjb2RlYnVpbGRfaWQYCyABKAkSFwoPY29kZWJ1aWxkX3BoYXNlGAwgASgJEh0KEGR1cmF0aW9uX3NlY29uZHMYDSABKAVIBIgBARIOCgZpbWFnZXMYDiADKAkSGgoNZXJyb3JfbWVzc2FnZRgPIAEoCUgFiAEBEhIKCmNyZWF0ZWRfYnkYECABKAkSFwoKc3RhcnRlZF9hdBgRIAEoCUgGiAEBEhkKDGNvbXBsZXRlZF9hdBgSIAEoCUgHiAEBEhIKCmNyZWF0ZWRfYXQYEyABKAkSEgoKdXBkYXRlZF9hdBgUIAEoCRISCgpncm91cF9zbHVnGBUgASgJEhQKDHF1ZXVlX3N0YXR1cxgWIAEoCRIQCgNsb2cYFyABKAlICIgBAUIOCgxfY29tbWl0X2hhc2hCEQoPX2NvbW1pdF9tZXNzYWdlQhAKDl9jb21taXRfYXV0aG9yQhYKFF9jb21taXRfY29tbWl0dGVkX2F0QhMKEV9kdXJhdGlvbl9zZWNvbmRzQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19zdGFydGVkX2F0Qg8KDV9jb21wbGV0ZWRfYXRCBgoEX2xvZyK5AQoTVHJpZ2dlckJ1aWxkUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEhIKCnJlcG9zaXRvcnkYAyABKAkSDgoGYnJhbmNoGAQgASgJEhMKC2F1dG9fZGVwbG95GAUgASgIEhMKC2NvbmZpZ19wYXRoGAYgASgJEhYKDnNraXBfcHJlZmxpZ2h0GAcgASgIImwKFFRyaWdnZXJCdWlsZFJlc3BvbnNlEgsKA3RhZxgBIAEoCRIRCglhY3Rpb25faWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEhAKCGJ1aWxkX2lkGAQgASgJEhIKCnJlZ2lzdGVyZWQYBSABKAgipwEKEUxpc3RCdWlsZHNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEg0KBXNpbmNlGAQgASgJEg0KBWxpbWl0GAUgASgFEg4KBm9mZnNldBgGIAEoBRIWCg5leHBsaWNpdF9ncm91cBgHIAEoCCJSChJMaXN0QnVpbGRzUmVzcG9uc2USLQoFaXRlbXMYASADKAsyHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZBINCgV0b3RhbBgCIAEoBSJnCg9HZXRCdWlsZFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghidWlsZF9pZBgCIAEoCRIWCg5leHBsaWNpdF9ncm91cBgDIAEoCCJhChRHZXRCdWlsZEJ5VGFnUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEgsKA3RhZxgDIAEoCTLcCAoRQXBwc0J1aWxkc1NlcnZpY2USWAoJUmVhZGluZXNzEiQucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1JlcXVlc3QaJS5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVzcG9uc2USaAoLUmVnaXN0ZXJBcHASKy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWdpc3RlckFwcFJlcXVlc3QaLC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWdpc3RlckFwcFJlc3BvbnNlEl8KCExpc3RBcHBzEigucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEFwcHNSZXF1ZXN0GikucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEFwcHNSZXNwb25zZRJOCgZHZXRBcHASJi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5HZXRBcHBSZXF1ZXN0GhwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuQXBwEmIKCURlbGV0ZUFwcBIpLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkRlbGV0ZUFwcFJlcXVlc3QaKi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5EZWxldGVBcHBSZXNwb25zZRJrCgxMaXN0QnJhbmNoZXMSLC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnJhbmNoZXNSZXF1ZXN0Gi0ucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJyYW5jaGVzUmVzcG9uc2USdwoQUmVjaGVja1ByZWZsaWdodBIwLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlY2hlY2tQcmVmbGlnaHRSZXF1ZXN0GjEucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEmsKDFRyaWdnZXJCdWlsZBIsLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlRyaWdnZXJCdWlsZFJlcXVlc3QaLS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5UcmlnZ2VyQnVpbGRSZXNwb25zZRJlCgpMaXN0QnVpbGRzEioucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJ1aWxkc1JlcXVlc3QaKy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnVpbGRzUmVzcG9uc2USVAoIR2V0QnVpbGQSKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5HZXRCdWlsZFJlcXVlc3QaHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZBJeCg1HZXRCdWlsZEJ5VGFnEi0ucGxhdGZvcm0uYXBwc19idWlsZHMudjEuR2V0QnVpbGRCeVRhZ1JlcXVlc3QaHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZGIGcHJvdG8z", [file_google_protobuf_struct, file_platform_common_v1_common]);
 
 /**
  * PreflightResult mirrors `preflight_result` of the spec (doc 1 section 2.1).
@@ -565,6 +565,348 @@ export const RecheckPreflightResponseSchema: GenMessage<RecheckPreflightResponse
   messageDesc(file_platform_apps_builds_v1_apps_builds, 13);
 
 /**
+ * Build mirrors doc 1 section 2.2.
+ *
+ * @generated from message platform.apps_builds.v1.Build
+ */
+export type Build = Message<"platform.apps_builds.v1.Build"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string display_name = 3;
+   */
+  displayName: string;
+
+  /**
+   * @generated from field: string tag = 4;
+   */
+  tag: string;
+
+  /**
+   * @generated from field: optional string commit_hash = 5;
+   */
+  commitHash?: string | undefined;
+
+  /**
+   * @generated from field: optional string commit_message = 6;
+   */
+  commitMessage?: string | undefined;
+
+  /**
+   * @generated from field: optional string commit_author = 7;
+   */
+  commitAuthor?: string | undefined;
+
+  /**
+   * @generated from field: optional string commit_committed_at = 8;
+   */
+  commitCommittedAt?: string | undefined;
+
+  /**
+   * @generated from field: string branch = 9;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string status = 10;
+   */
+  status: string;
+
+  /**
+   * @generated from field: string codebuild_id = 11;
+   */
+  codebuildId: string;
+
+  /**
+   * @generated from field: string codebuild_phase = 12;
+   */
+  codebuildPhase: string;
+
+  /**
+   * @generated from field: optional int32 duration_seconds = 13;
+   */
+  durationSeconds?: number | undefined;
+
+  /**
+   * @generated from field: repeated string images = 14;
+   */
+  images: string[];
+
+  /**
+   * @generated from field: optional string error_message = 15;
+   */
+  errorMessage?: string | undefined;
+
+  /**
+   * @generated from field: string created_by = 16;
+   */
+  createdBy: string;
+
+  /**
+   * @generated from field: optional string started_at = 17;
+   */
+  startedAt?: string | undefined;
+
+  /**
+   * @generated from field: optional string completed_at = 18;
+   */
+  completedAt?: string | undefined;
+
+  /**
+   * @generated from field: string created_at = 19;
+   */
+  createdAt: string;
+
+  /**
+   * @generated from field: string updated_at = 20;
+   */
+  updatedAt: string;
+
+  /**
+   * @generated from field: string group_slug = 21;
+   */
+  groupSlug: string;
+
+  /**
+   * @generated from field: string queue_status = 22;
+   */
+  queueStatus: string;
+
+  /**
+   * The stored log (set at completion); empty while the build runs.
+   *
+   * @generated from field: optional string log = 23;
+   */
+  log?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.Build.
+ * Use `create(BuildSchema)` to create a new message.
+ */
+export const BuildSchema: GenMessage<Build> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 14);
+
+/**
+ * @generated from message platform.apps_builds.v1.TriggerBuildRequest
+ */
+export type TriggerBuildRequest = Message<"platform.apps_builds.v1.TriggerBuildRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string repository = 3;
+   */
+  repository: string;
+
+  /**
+   * @generated from field: string branch = 4;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: bool auto_deploy = 5;
+   */
+  autoDeploy: boolean;
+
+  /**
+   * @generated from field: string config_path = 6;
+   */
+  configPath: string;
+
+  /**
+   * @generated from field: bool skip_preflight = 7;
+   */
+  skipPreflight: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.TriggerBuildRequest.
+ * Use `create(TriggerBuildRequestSchema)` to create a new message.
+ */
+export const TriggerBuildRequestSchema: GenMessage<TriggerBuildRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 15);
+
+/**
+ * @generated from message platform.apps_builds.v1.TriggerBuildResponse
+ */
+export type TriggerBuildResponse = Message<"platform.apps_builds.v1.TriggerBuildResponse"> & {
+  /**
+   * @generated from field: string tag = 1;
+   */
+  tag: string;
+
+  /**
+   * @generated from field: string action_id = 2;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string status = 3;
+   */
+  status: string;
+
+  /**
+   * @generated from field: string build_id = 4;
+   */
+  buildId: string;
+
+  /**
+   * The app was registered by this build (it was not known in the caller's group).
+   *
+   * @generated from field: bool registered = 5;
+   */
+  registered: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.TriggerBuildResponse.
+ * Use `create(TriggerBuildResponseSchema)` to create a new message.
+ */
+export const TriggerBuildResponseSchema: GenMessage<TriggerBuildResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 16);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListBuildsRequest
+ */
+export type ListBuildsRequest = Message<"platform.apps_builds.v1.ListBuildsRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string since = 4;
+   */
+  since: string;
+
+  /**
+   * @generated from field: int32 limit = 5;
+   */
+  limit: number;
+
+  /**
+   * @generated from field: int32 offset = 6;
+   */
+  offset: number;
+
+  /**
+   * @generated from field: bool explicit_group = 7;
+   */
+  explicitGroup: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListBuildsRequest.
+ * Use `create(ListBuildsRequestSchema)` to create a new message.
+ */
+export const ListBuildsRequestSchema: GenMessage<ListBuildsRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 17);
+
+/**
+ * @generated from message platform.apps_builds.v1.ListBuildsResponse
+ */
+export type ListBuildsResponse = Message<"platform.apps_builds.v1.ListBuildsResponse"> & {
+  /**
+   * @generated from field: repeated platform.apps_builds.v1.Build items = 1;
+   */
+  items: Build[];
+
+  /**
+   * @generated from field: int32 total = 2;
+   */
+  total: number;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.ListBuildsResponse.
+ * Use `create(ListBuildsResponseSchema)` to create a new message.
+ */
+export const ListBuildsResponseSchema: GenMessage<ListBuildsResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 18);
+
+/**
+ * @generated from message platform.apps_builds.v1.GetBuildRequest
+ */
+export type GetBuildRequest = Message<"platform.apps_builds.v1.GetBuildRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * A full id or a prefix of at least 8 hex-or-hyphen characters.
+   *
+   * @generated from field: string build_id = 2;
+   */
+  buildId: string;
+
+  /**
+   * @generated from field: bool explicit_group = 3;
+   */
+  explicitGroup: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.GetBuildRequest.
+ * Use `create(GetBuildRequestSchema)` to create a new message.
+ */
+export const GetBuildRequestSchema: GenMessage<GetBuildRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 19);
+
+/**
+ * @generated from message platform.apps_builds.v1.GetBuildByTagRequest
+ */
+export type GetBuildByTagRequest = Message<"platform.apps_builds.v1.GetBuildByTagRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string tag = 3;
+   */
+  tag: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.GetBuildByTagRequest.
+ * Use `create(GetBuildByTagRequestSchema)` to create a new message.
+ */
+export const GetBuildByTagRequestSchema: GenMessage<GetBuildByTagRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 20);
+
+/**
  * AppsBuildsService owns apps (per branch), their config layers, preflight state, builds and
  * variables.
  *
@@ -626,6 +968,38 @@ export const AppsBuildsService: GenService<{
     methodKind: "unary";
     input: typeof RecheckPreflightRequestSchema;
     output: typeof RecheckPreflightResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.TriggerBuild
+   */
+  triggerBuild: {
+    methodKind: "unary";
+    input: typeof TriggerBuildRequestSchema;
+    output: typeof TriggerBuildResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.ListBuilds
+   */
+  listBuilds: {
+    methodKind: "unary";
+    input: typeof ListBuildsRequestSchema;
+    output: typeof ListBuildsResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.GetBuild
+   */
+  getBuild: {
+    methodKind: "unary";
+    input: typeof GetBuildRequestSchema;
+    output: typeof BuildSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.GetBuildByTag
+   */
+  getBuildByTag: {
+    methodKind: "unary";
+    input: typeof GetBuildByTagRequestSchema;
+    output: typeof BuildSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_platform_apps_builds_v1_apps_builds, 0);

@@ -1,0 +1,246 @@
+import type { FastifyInstance } from "fastify";
+import type { Client } from "@connectrpc/connect";
+import type { AppsBuildsService, Build } from "@platform/proto";
+import { callerOf } from "../access.ts";
+import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+
+const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
+
+export function buildJson(b: Build) {
+  return {
+    id: b.id,
+    app_name: b.appName,
+    display_name: b.displayName,
+    tag: b.tag,
+    commit_hash: orNull(b.commitHash),
+    commit_message: orNull(b.commitMessage),
+    commit_author: orNull(b.commitAuthor),
+    commit_committed_at: orNull(b.commitCommittedAt),
+    branch: b.branch,
+    status: b.status,
+    queue_status: b.queueStatus,
+    codebuild_id: b.codebuildId,
+    codebuild_phase: b.codebuildPhase,
+    duration_seconds: b.durationSeconds ?? null,
+    images: b.images,
+    error_message: orNull(b.errorMessage),
+    created_by: b.createdBy,
+    started_at: orNull(b.startedAt),
+    completed_at: orNull(b.completedAt),
+    created_at: b.createdAt,
+    updated_at: b.updatedAt,
+  };
+}
+
+const nullable = { type: ["string", "null"] } as const;
+const buildSchema = {
+  type: "object",
+  properties: {
+    id: { type: "string" },
+    app_name: { type: "string" },
+    display_name: { type: "string" },
+    tag: { type: "string", description: "`{branch}-{hash}`, unique per app." },
+    commit_hash: nullable,
+    commit_message: nullable,
+    commit_author: nullable,
+    commit_committed_at: nullable,
+    branch: { type: "string" },
+    status: { type: "string", enum: ["pending", "queued", "in_progress", "completed", "failed", "cancelled"], description: "Stays `queued` while the build runs; final at completion." },
+    queue_status: { type: "string", description: "Live lifecycle: queued, build_in_progress, build_completed, build_failed, build_cancelled." },
+    codebuild_id: { type: "string" },
+    codebuild_phase: { type: "string", enum: ["SUBMITTED", "PROVISIONING", "BUILD", "COMPLETED"] },
+    duration_seconds: { type: ["integer", "null"] },
+    images: { type: "array", items: { type: "string" } },
+    error_message: nullable,
+    created_by: { type: "string" },
+    started_at: nullable,
+    completed_at: nullable,
+    created_at: { type: "string" },
+    updated_at: { type: "string" },
+  },
+} as const;
+
+const buildIdParams = {
+  type: "object",
+  properties: { build_id: { type: "string", description: "The id or a prefix of at least 8 hex-or-hyphen characters." } },
+  required: ["build_id"],
+} as const;
+
+export function buildRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>): void {
+  app.post(
+    "/api/builds",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["builds"],
+        summary: "Trigger a build (and, with auto_deploy, its deploy). An unknown app is registered in your group.",
+        querystring: {
+          type: "object",
+          properties: { ...commonQuery, skip_preflight: { type: "boolean", default: false, description: "Bypass the repository preflight gate." } },
+        },
+        body: {
+          type: "object",
+          properties: {
+            app_name: { type: "string", minLength: 1, maxLength: 128 },
+            repository: { type: "string" },
+            branch: { type: "string", default: "main" },
+            auto_deploy: { type: "boolean", default: true },
+            config_path: { type: "string", default: "platform.yaml" },
+          },
+          required: ["app_name", "repository"],
+        },
+        response: {
+          202: {
+            type: "object",
+            properties: {
+              tag: { type: "string" },
+              action_id: { type: "string", description: "Equals build_id." },
+              status: { type: "string", enum: ["queued"] },
+              build_id: { type: "string" },
+            },
+            required: ["tag", "action_id", "status", "build_id"],
+          },
+          409: { $ref: "Error#", description: "`preflight_quarantined` (with remediation text) or `repository_mismatch`." },
+          ...authErrors,
+          ...bodyErrors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const b = request.body as { app_name: string; repository: string; branch?: string; auto_deploy?: boolean; config_path?: string };
+      const { skip_preflight } = request.query as { skip_preflight?: boolean };
+      const r = await apps.triggerBuild({
+        caller: callerOf(request),
+        appName: b.app_name,
+        repository: b.repository,
+        branch: b.branch ?? "main",
+        autoDeploy: b.auto_deploy ?? true,
+        configPath: b.config_path ?? "",
+        skipPreflight: skip_preflight ?? false,
+      });
+      return reply.code(202).send({ tag: r.tag, action_id: r.actionId, status: r.status, build_id: r.buildId });
+    },
+  );
+
+  app.get(
+    "/api/builds",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["builds"],
+        summary: "Builds, newest first; without app_name, every app of the group you act in.",
+        querystring: {
+          type: "object",
+          properties: {
+            ...commonQuery,
+            app_name: { type: "string" },
+            branch: { type: "string", description: "Omit to span branches." },
+            since: { type: "string", format: "date-time" },
+            limit: { type: "integer", minimum: 1, maximum: 200, default: 50 },
+            offset: { type: "integer", minimum: 0, default: 0 },
+          },
+        },
+        response: {
+          200: { type: "object", properties: { items: { type: "array", items: buildSchema }, total: { type: "integer" } }, required: ["items", "total"] },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const q = request.query as { app_name?: string; branch?: string; since?: string; limit: number; offset: number };
+      const r = await apps.listBuilds({
+        caller: callerOf(request),
+        appName: q.app_name ?? "",
+        branch: q.branch ?? "",
+        since: q.since ?? "",
+        limit: q.limit,
+        offset: q.offset,
+        explicitGroup: request.explicitGroup,
+      });
+      return { items: r.items.map(buildJson), total: r.total };
+    },
+  );
+
+  app.get(
+    "/api/builds/id/:build_id",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["builds"],
+        summary: "One build by id or id prefix (at least 8 hex-or-hyphen characters; shorter or malformed: 422).",
+        params: buildIdParams,
+        querystring: { type: "object", properties: commonQuery },
+        response: { 200: buildSchema, ...authErrors },
+      },
+    },
+    async (request) => {
+      const { build_id } = request.params as { build_id: string };
+      return buildJson(await apps.getBuild({ caller: callerOf(request), buildId: build_id, explicitGroup: request.explicitGroup }));
+    },
+  );
+
+  app.get(
+    "/api/builds/id/:build_id/logs",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["builds"],
+        summary: "The build's log (doc 1 section 2.3).",
+        params: buildIdParams,
+        querystring: { type: "object", properties: commonQuery },
+        response: {
+          200: {
+            type: "object",
+            properties: {
+              build_id: { type: "string" },
+              app_name: { type: "string" },
+              tag: { type: "string" },
+              status: { type: "string" },
+              queue_status: nullable,
+              message: nullable,
+              log: { type: "string" },
+              lines: { type: "integer" },
+              source: { type: "string", enum: ["queue"], description: "Present only when synthesised from the queue." },
+            },
+            required: ["build_id", "app_name", "tag", "status", "queue_status", "message", "log", "lines"],
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const { build_id } = request.params as { build_id: string };
+      const b = await apps.getBuild({ caller: callerOf(request), buildId: build_id, explicitGroup: request.explicitGroup });
+      const log = b.log ?? "";
+      const running = !["completed", "failed", "cancelled"].includes(b.status);
+      return {
+        build_id: b.id,
+        app_name: b.appName,
+        tag: b.tag,
+        status: b.status,
+        queue_status: orNull(b.queueStatus),
+        message: running ? `The build is ${b.queueStatus.replaceAll("_", " ")}; follow its output with GET /api/logs?build_id=${b.id}.` : null,
+        log,
+        lines: log ? log.split("\n").filter((l, i, all) => l !== "" || i < all.length - 1).length : 0,
+      };
+    },
+  );
+
+  app.get(
+    "/api/builds/:app_name/:tag",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["builds"],
+        summary: "One build by app and tag.",
+        params: { type: "object", properties: { app_name: { type: "string" }, tag: { type: "string" } }, required: ["app_name", "tag"] },
+        querystring: { type: "object", properties: commonQuery },
+        response: { 200: buildSchema, ...authErrors },
+      },
+    },
+    async (request) => {
+      const { app_name, tag } = request.params as { app_name: string; tag: string };
+      return buildJson(await apps.getBuildByTag({ caller: callerOf(request), appName: app_name, tag }));
+    },
+  );
+}

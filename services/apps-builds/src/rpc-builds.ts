@@ -1,0 +1,83 @@
+/** Connect handlers for builds (doc 1 section 4.3). */
+import { create } from "@bufbuild/protobuf";
+import { allowFileRepos } from "@platform/config";
+import { BuildSchema, type Build as BuildMsg } from "@platform/proto";
+import { requireCaller } from "@platform/caller";
+import type { Build } from "./entities/index.ts";
+import { buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild } from "./domain/builds.ts";
+import type { AppsBuildsContext, Handlers } from "./rpc.ts";
+
+const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
+
+export function buildMsg(b: Build, withLog = false): BuildMsg {
+  return create(BuildSchema, {
+    id: b.id,
+    appName: b.appName,
+    displayName: b.displayName,
+    tag: b.tag,
+    commitHash: b.commitHash ?? undefined,
+    commitMessage: b.commitMessage ?? undefined,
+    commitAuthor: b.commitAuthor ?? undefined,
+    commitCommittedAt: iso(b.commitCommittedAt),
+    branch: b.branch,
+    status: b.status,
+    codebuildId: b.id,
+    codebuildPhase: b.codebuildPhase,
+    durationSeconds: b.durationSeconds ?? undefined,
+    images: b.images,
+    errorMessage: b.errorMessage ?? undefined,
+    createdBy: b.createdBy,
+    startedAt: iso(b.startedAt),
+    completedAt: iso(b.completedAt),
+    createdAt: iso(b.createdAt),
+    updatedAt: iso(b.updatedAt),
+    groupSlug: b.groupSlug,
+    queueStatus: b.queueStatus,
+    log: withLog ? (b.log ?? undefined) : undefined,
+  });
+}
+
+export function buildHandlers(ctx: AppsBuildsContext): Handlers {
+  const policy = { allowFileRepos: allowFileRepos(ctx.config) };
+  return {
+    async triggerBuild(req) {
+      const caller = requireCaller(req.caller);
+      const { build, registered } = await ctx.write((em) =>
+        triggerBuild(
+          em,
+          caller,
+          {
+            appName: req.appName,
+            repository: req.repository,
+            branch: req.branch || "main",
+            autoDeploy: req.autoDeploy,
+            configPath: req.configPath,
+            skipPreflight: req.skipPreflight,
+          },
+          policy,
+        ),
+      );
+      return { tag: build.tag, actionId: build.id, buildId: build.id, status: "queued", registered };
+    },
+
+    async listBuilds(req) {
+      const caller = requireCaller(req.caller);
+      const r = await ctx.read((em) =>
+        listBuilds(em, caller, { appName: req.appName, branch: req.branch, since: req.since, limit: req.limit || 50, offset: req.offset }, req.explicitGroup),
+      );
+      return { items: r.items.map((b) => buildMsg(b)), total: r.total };
+    },
+
+    async getBuild(req) {
+      const caller = requireCaller(req.caller);
+      const build = await ctx.read((em) => findBuildByPrefix(em, caller, req.buildId, req.explicitGroup));
+      if (!build) throw buildNotFound(req.buildId);
+      return buildMsg(build, true);
+    },
+
+    async getBuildByTag(req) {
+      const caller = requireCaller(req.caller);
+      return buildMsg(await ctx.read((em) => findBuildByTag(em, caller, req.appName, req.tag)));
+    },
+  };
+}
