@@ -6,6 +6,7 @@ import { startService, type RunningService } from "@platform/service";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_apps.ts";
 import { buildMigrations } from "./migrations/0003_builds.ts";
+import { configMigrations } from "./migrations/0004_app_config.ts";
 import { startBuildTracker } from "./build-tracker.ts";
 import { startPreflightWorker } from "./preflight-worker.ts";
 import { buildHandlers } from "./rpc-builds.ts";
@@ -18,7 +19,7 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     name: "apps-builds",
     config,
     entities,
-    migrations: [...migrations, ...buildMigrations],
+    migrations: [...migrations, ...buildMigrations, ...configMigrations],
     routes: (ctx) => routes({ ...ctx, config }, buildHandlers),
     async onStart(ctx) {
       const preflight = await startPreflightWorker(ctx);

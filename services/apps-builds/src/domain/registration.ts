@@ -120,6 +120,9 @@ export async function registerApp(
     serviceNames: [],
     warnings: [],
     deployWarning: null,
+    baseConfig: null,
+    overlay: {},
+    seedFromReference: null,
     createdBy: actor(caller),
   });
   const preflightActionId = requeuePreflight(em, app);

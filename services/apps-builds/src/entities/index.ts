@@ -46,6 +46,11 @@ export const AppSchema = defineEntity({
     serviceNames: p.json<string[]>(),
     warnings: p.json<string[]>(),
     deployWarning: p.text().nullable(),
+    /** The repository's config as the last successful build (or preflight) read it. */
+    baseConfig: p.json<Record<string, unknown>>().nullable(),
+    /** Dashboard edits over the base: `{path: {value, base}}` (spec 4.4 config layers). */
+    overlay: p.json<Record<string, { value: unknown; base: unknown }>>(),
+    seedFromReference: p.text().nullable(),
     createdBy: p.text(),
     createdAt: p.datetime().defaultRaw("now()"),
     updatedAt: p.datetime().defaultRaw("now()").onUpdate(() => new Date()),
