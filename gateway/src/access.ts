@@ -55,6 +55,7 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
   const { identity, cache } = opts;
   const pendingUses = new Map<string, { kind: string; id: string; usedAtMs: number }>();
   const knownGroups = new Map<string, number>();
+  const defaultCallers = new WeakMap<Principal, Caller>();
 
   const authenticate = async (raw: string): Promise<Principal> => {
     const digest = credentialDigest(raw);
@@ -110,17 +111,22 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
       typeof header === "string" ? header : undefined,
     );
     const visible = visibleGroups(principal);
-    const caller = makeCaller({
-      kind: principal.kind,
-      principalId: principal.id,
-      userId: principal.user?.id ?? "",
-      visibleGroups: visible,
-      selectedGroup: selection.slug,
-      platformOperator: operator,
-      platformRoot: isPlatformRoot(principal),
-      scope: scopeIn(principal, selection.slug),
-    });
     const explicit = selection.source === "query" || selection.source === "header";
+    // Without a selector the caller depends on the principal alone: build it once per cached principal.
+    let caller = explicit ? undefined : defaultCallers.get(principal);
+    if (!caller) {
+      caller = makeCaller({
+        kind: principal.kind,
+        principalId: principal.id,
+        userId: principal.user?.id ?? "",
+        visibleGroups: visible,
+        selectedGroup: selection.slug,
+        platformOperator: operator,
+        platformRoot: isPlatformRoot(principal),
+        scope: scopeIn(principal, selection.slug),
+      });
+      if (!explicit) defaultCallers.set(principal, caller);
+    }
     if (explicit) {
       if (operator) await operatorGroupExists(caller, selection.slug);
       else if (!visible.includes(selection.slug)) throw PlatformError.notFound(`Group '${selection.slug}' not found`);

@@ -49,7 +49,13 @@ export function startTelemetry(extraProcessors: SpanProcessor[] = []): NodeSDK {
       new HttpInstrumentation({ ignoreIncomingRequestHook: (req) => isProbe(req.url) }),
       new UndiciInstrumentation(),
       new PgInstrumentation({ requireParentSpan: true }),
-      new fastifyOtel.FastifyOtelInstrumentation({ registerOnInitialization: true, ignorePaths: (opts) => isProbe(opts.url) }),
+      // One span per request and per handler; a span per lifecycle hook would mostly measure
+      // the instrumentation itself.
+      new fastifyOtel.FastifyOtelInstrumentation({
+        registerOnInitialization: true,
+        instrumentHooks: false,
+        ignorePaths: (opts) => isProbe(opts.url),
+      }),
     ],
   });
   sdk.start();
