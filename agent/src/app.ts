@@ -1,13 +1,16 @@
 /**
- * The host agent: one per host. It heartbeats and answers its health endpoints; the work
- * consumer, builder, runtime drivers and router arrive with the build and deploy issues.
+ * The host agent: one per host. It heartbeats, answers its health endpoints and its fast RPCs
+ * (GIT_PREFLIGHT); the work consumer, builder, runtime drivers and router arrive with the build
+ * and deploy issues.
  */
 import http from "node:http";
+import { resolve as resolvePath } from "node:path";
 import { readFileSync } from "node:fs";
 import { agentEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
 import { connectBus, subjects, traceHeaders } from "@platform/bus";
 import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
+import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -15,11 +18,16 @@ const VERSION: string = JSON.parse(readFileSync(new URL("../package.json", impor
 
 export interface Agent {
   port: number;
+  /** NATS subjects of the fast RPCs this agent answers (with the bus prefix). */
+  rpcSubjects: string[];
   beat(): Promise<void>;
   close(): Promise<void>;
 }
 
 export async function build(config: AgentConfig = loadConfig(agentEnv), logger: Logger = createLogger({ service: "agent", level: config.LOG_LEVEL })): Promise<Agent> {
+  if (config.AGENT_HOST_ID === "any") {
+    throw new Error("AGENT_HOST_ID 'any' is reserved: agent.rpc.any.<op> is the subject of requests for any agent");
+  }
   const startedAt = new Date();
   const bus = await connectBus({ url: config.NATS_URL, name: `agent-${config.AGENT_HOST_ID}`, prefix: config.BUS_PREFIX ?? "", logger });
 
@@ -29,6 +37,15 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   };
   await beat();
   const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
+
+  const preflightDeps: PreflightDeps = {
+    workDir: resolvePath(config.AGENT_WORK_DIR),
+    // ARCHITECTURE section 8: file:// repositories by default only in the dev environment.
+    allowFileRepos: config.PLATFORM_ALLOW_FILE_REPOS ?? config.PLATFORM_ENVIRONMENT === "dev",
+  };
+  const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
+  // The server knows the subscriptions before the agent says it is ready.
+  await bus.nc.flush();
 
   const server = http.createServer((req, res) => {
     const path = req.url?.split("?")[0];
@@ -41,18 +58,27 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     res.writeHead(404, { "content-type": "application/json" });
     res.end(JSON.stringify({ detail: "Not Found" }));
   });
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(config.AGENT_HEALTH_PORT, config.AGENT_HEALTH_HOST, () => resolve());
-  });
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(config.AGENT_HEALTH_PORT, config.AGENT_HEALTH_HOST, () => resolve());
+    });
+  } catch (err) {
+    clearInterval(timer);
+    await preflight.stop();
+    await bus.close();
+    throw err;
+  }
   const port = (server.address() as { port: number }).port;
   logger.info({ host_id: config.AGENT_HOST_ID, port }, "agent ready");
 
   return {
     port,
+    rpcSubjects: preflight.subjects,
     beat,
     async close() {
       clearInterval(timer);
+      await preflight.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
       await bus.close();
     },

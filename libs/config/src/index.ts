@@ -267,6 +267,16 @@ export const agentEnv = {
     description: "port of the agent's /healthz and /readyz",
   },
   AGENT_HEALTH_HOST: { type: "string", default: "127.0.0.1", description: "address the health server binds" },
+  AGENT_WORK_DIR: {
+    type: "string",
+    default: ".data/agent",
+    description: "directory of the agent's working files (temporary clones of preflight and builds)",
+  },
+  PLATFORM_ALLOW_FILE_REPOS: {
+    type: "bool",
+    optional: true,
+    description: "accept file:// repository URLs (a bare repository on the host); default true in the dev environment",
+  },
   ...(serviceUrl("deploy-queue") as Record<"DEPLOY_QUEUE_URL", VarSpec>),
 } as const satisfies EnvSpec;
 

@@ -1,0 +1,229 @@
+/**
+ * BUILD on the agent (issue: apps and builds, item 6): a shallow clone of the branch HEAD, the
+ * app config validated with the shared schema, each service's build command run in the
+ * workspace with its output streamed as log lines, and the result kept in the host's image store
+ * as an archive for tag `{branch}-{hash}`. Cancel is honoured between phases; the whole build has
+ * a deadline.
+ */
+import { spawn } from "node:child_process";
+import { mkdir, mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import path from "node:path";
+import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
+import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
+
+export interface BuildJob {
+  action_id: string;
+  build_id: string;
+  app_name: string;
+  branch: string;
+  group_slug: string;
+  repository: string;
+  config_path: string;
+  tag: string;
+}
+
+export type LogLevel = "info" | "warning" | "error";
+
+export interface BuildDeps {
+  hostId: string;
+  workDir: string;
+  imageDir: string;
+  allowFileRepos: boolean;
+  timeoutMs: number;
+  /** One line of build output (also kept for the stored log). */
+  log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
+  /** Reports a phase; true means cancel was requested and the build must stop. */
+  phase(name: string): Promise<boolean>;
+}
+
+export interface BuildOutcome {
+  status: "completed" | "failed" | "cancelled";
+  error_message: string;
+  result: {
+    commit_hash?: string;
+    commit_message?: string;
+    commit_author?: string;
+    commit_committed_at?: string;
+    images?: string[];
+    log: string;
+    /** Output of each phase, last 200 lines each. */
+    phases: Record<string, string>;
+  };
+}
+
+const MAX_LOG_BYTES = 1024 * 1024;
+const PHASE_TAIL_LINES = 200;
+
+class BuildFailure extends Error {}
+class BuildCancelled extends Error {}
+
+/** Runs a command through `sh -c` in its own process group, streaming lines; killed at the deadline. */
+function runCommand(
+  command: string,
+  opts: { cwd: string; env: NodeJS.ProcessEnv; deadline: number; onLine: (line: string, stream: "stdout" | "stderr") => void },
+): Promise<{ code: number | null; timedOut: boolean }> {
+  const remaining = opts.deadline - Date.now();
+  if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
+  return new Promise((resolve, reject) => {
+    const child = spawn("sh", ["-c", command], { cwd: opts.cwd, env: opts.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      try {
+        if (child.pid) process.kill(-child.pid, "SIGKILL");
+      } catch {
+        child.kill("SIGKILL");
+      }
+    }, remaining);
+    const splitter = (stream: "stdout" | "stderr") => {
+      let rest = "";
+      return {
+        data(chunk: Buffer) {
+          rest += chunk.toString("utf8");
+          const lines = rest.split("\n");
+          rest = lines.pop() ?? "";
+          for (const l of lines) opts.onLine(l.replace(/\r$/, ""), stream);
+        },
+        end() {
+          if (rest) opts.onLine(rest, stream);
+        },
+      };
+    };
+    const out = splitter("stdout");
+    const err = splitter("stderr");
+    child.stdout.on("data", out.data);
+    child.stderr.on("data", err.data);
+    child.once("error", (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.once("close", (code) => {
+      clearTimeout(timer);
+      out.end();
+      err.end();
+      resolve({ code, timedOut });
+    });
+  });
+}
+
+/** The environment of build commands: nothing of the agent's own secrets, a PATH and a HOME. */
+function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
+    HOME: home,
+    LANG: "C.UTF-8",
+    CI: "true",
+    PLATFORM_APP: job.app_name,
+    PLATFORM_BRANCH: job.branch,
+    PLATFORM_BUILD_TAG: job.tag,
+  };
+}
+
+export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOutcome> {
+  const deadline = Date.now() + deps.timeoutMs;
+  const logLines: string[] = [];
+  let logBytes = 0;
+  const phases: Record<string, string[]> = {};
+  let current = "setup";
+  const emit = (level: LogLevel, message: string, service?: string) => {
+    deps.log({ level, message, service_name: service, phase: current });
+    const line = service ? `[${service}] ${message}` : message;
+    if (logBytes < MAX_LOG_BYTES) {
+      logLines.push(line);
+      logBytes += line.length + 1;
+    }
+    const tail = (phases[current] ??= []);
+    tail.push(line);
+    if (tail.length > PHASE_TAIL_LINES) tail.shift();
+  };
+  const enter = async (name: string) => {
+    current = name;
+    phases[name] ??= [];
+    if (await deps.phase(name)) throw new BuildCancelled(`Cancelled before ${name}.`);
+    if (Date.now() >= deadline) throw new BuildFailure(`The build exceeded its time limit of ${Math.round(deps.timeoutMs / 1000)} s.`);
+  };
+
+  const result: BuildOutcome["result"] = { log: "", phases: {} };
+  await mkdir(deps.workDir, { recursive: true });
+  const workspace = await mkdtemp(path.join(deps.workDir, `build-${job.build_id.slice(0, 8)}-`));
+  const src = path.join(workspace, "src");
+  const finish = (status: BuildOutcome["status"], error: string): BuildOutcome => {
+    if (logBytes >= MAX_LOG_BYTES) logLines.push("[log truncated at 1 MiB]");
+    result.log = logLines.join("\n");
+    result.phases = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, v.join("\n")]));
+    return { status, error_message: error, result };
+  };
+
+  try {
+    await enter("clone");
+    const repo = checkRepositoryUrl(job.repository, deps.allowFileRepos);
+    if (!repo.ok) throw new BuildFailure(repo.detail);
+    emit("info", `Cloning ${job.branch} of ${job.repository}`);
+    const env = gitEnv();
+    const clone = await runGit(
+      [...gitProtocolConfig(deps.allowFileRepos), "clone", "--depth", "1", "--single-branch", "--branch", job.branch, "--", job.repository, src],
+      { env, deadline },
+    );
+    if (clone.timedOut) throw new BuildFailure("The clone did not finish within the build's time limit.");
+    if (clone.code !== 0) throw new BuildFailure(`Clone failed: ${gitFailureDetail(clone.stderr)}`);
+    const show = await runGit(["log", "-1", "--format=%H%n%an <%ae>%n%cI%n%s"], { env, cwd: src, deadline });
+    const [hash = "", author = "", committedAt = "", ...subject] = show.stdout.toString("utf8").trimEnd().split("\n");
+    Object.assign(result, { commit_hash: hash, commit_author: author, commit_committed_at: committedAt, commit_message: subject.join("\n") });
+    emit("info", `Commit ${hash.slice(0, 12)} by ${author}: ${subject.join(" ")}`);
+
+    await enter("config");
+    const configPath = checkConfigPath(job.config_path || "platform.yaml");
+    if (!configPath.ok) throw new BuildFailure(configPath.detail);
+    const file = path.join(src, configPath.path);
+    const real = await stat(file).catch(() => null);
+    if (!real?.isFile()) throw new BuildFailure(`The repository has no ${configPath.path} on ${job.branch}.`);
+    const parsed = parseAppConfigYaml(await readFile(file, "utf8"));
+    if (!parsed.ok) {
+      for (const p of parsed.errors) emit("error", `${configPath.path}${p.line ? `:${p.line}:${p.column}` : ""}: ${p.path ? `${p.path}: ` : ""}${p.message}`);
+      throw new BuildFailure(`${configPath.path} is invalid: ${parsed.errors[0]?.message ?? "see the log"}`);
+    }
+    const config = normalizeAppConfig(parsed.config);
+    emit("info", `Config ${configPath.path}: ${config.type} app with ${Object.keys(config.services ?? {}).length} service(s)`);
+
+    const home = path.join(workspace, "home");
+    await mkdir(home, { recursive: true });
+    for (const [name, service] of Object.entries(config.services ?? {})) {
+      if (!service.build) continue;
+      await enter(`build:${name}`);
+      emit("info", `$ ${service.build}`, name);
+      const run = await runCommand(service.build, {
+        cwd: src,
+        env: buildEnv(job, home),
+        deadline,
+        onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
+      });
+      if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
+      if (run.code !== 0) throw new BuildFailure(`The build command of service ${name} exited with code ${run.code}.`);
+    }
+
+    await enter("package");
+    const image = path.join(deps.imageDir, job.app_name, `${job.tag}.tar.gz`);
+    await mkdir(path.dirname(image), { recursive: true });
+    const tar = await runCommand(`tar --exclude=./.git -czf ${JSON.stringify(image)} -C ${JSON.stringify(src)} .`, {
+      cwd: workspace,
+      env: { PATH: process.env.PATH },
+      deadline,
+      onLine: (line) => emit("warning", line),
+    });
+    if (tar.code !== 0) throw new BuildFailure("Packaging the build output failed.");
+    const size = (await stat(image)).size;
+    result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
+    emit("info", `Image ${job.app_name}:${job.tag} stored (${Math.round(size / 1024)} KiB)`);
+    return finish("completed", "");
+  } catch (err) {
+    if (err instanceof BuildCancelled) {
+      emit("warning", err.message);
+      return finish("cancelled", err.message);
+    }
+    const message = err instanceof BuildFailure ? err.message : `The agent failed: ${err instanceof Error ? err.message : String(err)}`;
+    emit("error", message);
+    return finish("failed", message);
+  } finally {
+    await rm(workspace, { recursive: true, force: true }).catch(() => undefined);
+  }
+}
