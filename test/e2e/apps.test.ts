@@ -1,0 +1,185 @@
+/**
+ * Apps through HTTP only (spec doc 1 sections 2.1, 3.3, 4.4): registration rules, the preflight
+ * quarantine reaching each of its four outcomes through a real agent and real git, and another
+ * tenant's app answering 404, never 403.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestFleet, type TestFleet } from "@platform/testing";
+import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { call } from "./support.ts";
+
+let fleet: TestFleet;
+let api: string;
+let acme: string;
+let acmeRead: string;
+let globex: string;
+const repos: Record<string, FixtureRepo> = {};
+
+async function key(group: string, scope: string) {
+  const r = await call(api, "POST", "/keys", { credential: fleet.rootKey, body: { name: `${group}-${scope}`, scope, group } });
+  return r.body.key as string;
+}
+
+async function preflightOf(credential: string, app: string, branch = "main") {
+  const r = await call(api, "GET", `/apps/${app}?branch=${encodeURIComponent(branch)}`, { credential });
+  return r.body;
+}
+
+beforeAll(async () => {
+  fleet = await startTestFleet();
+  api = fleet.api;
+  for (const slug of ["acme", "globex"]) await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug } });
+  acme = await key("acme", "admin");
+  acmeRead = await key("acme", "read");
+  globex = await key("globex", "admin");
+  for (const name of ["node-web", "failing-build", "no-config", "invalid-config"] as const) repos[name] = await makeFixtureRepo(name);
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+  for (const r of Object.values(repos)) await r.cleanup();
+});
+
+describe("registration", () => {
+  it("registers an app quarantined at pending, with every field of the app shape", async () => {
+    const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "Node Web", repository: repos["node-web"]!.url } });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({
+      app_name: "node-web",
+      slug: "node-web",
+      display_name: "Node Web",
+      group_slug: "acme",
+      branch: "main",
+      config_path: "platform.yaml",
+      deploy_status: "undeployed",
+      visibility: "public",
+      is_production: true,
+      latest_build: null,
+      build_count: 0,
+      running_version: null,
+      running_build_id: null,
+      running_since: null,
+      urls: [],
+      database_enabled: false,
+      preflight_status: "pending",
+      deploy_warning: null,
+      warnings: [],
+      last_deploy_status: null,
+      last_build_status: null,
+      preflight_action_id: expect.any(String),
+    });
+  });
+
+  it("reaches ready once an agent has checked the repository and its config", async () => {
+    await expect.poll(async () => (await preflightOf(acme, "node-web")).preflight_status, { timeout: 30_000, interval: 250 }).toBe("ready");
+    const app = await preflightOf(acme, "node-web");
+    expect(app.preflight_result).toMatchObject({ reason: "ready", services: ["web"], missing_paths: [], errors: [] });
+    expect(app.services).toEqual([{ name: "web", url: null }]);
+  });
+
+  it("refuses the same name and branch, and the same repository under another name, with 409", async () => {
+    const dup = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url } });
+    expect(dup.status).toBe(409);
+    expect(dup.body.detail.code).toBe("app_exists");
+    const twin = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "other", repository: repos["node-web"]!.url.replace(/\.git$/, "") } });
+    expect(twin.status).toBe(409);
+    expect(twin.body.detail).toMatchObject({ code: "repository_already_registered", app_name: "node-web" });
+  });
+
+  it("registers a second branch as a non-production branch of the same app", async () => {
+    const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "feature/x" } });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ app_name: "node-web", branch: "feature/x", is_production: false });
+    const collide = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "feature-x" } });
+    expect(collide.status).toBe(409);
+    expect(collide.body.detail).toMatchObject({ code: "branch_collides", with: "feature/x" });
+    const branches = await call(api, "GET", "/apps/node-web/branches", { credential: acmeRead });
+    expect(branches.body).toMatchObject({ app_name: "node-web", environment: "dev" });
+    expect(branches.body.branches.map((b: { branch: string }) => b.branch)).toEqual(["main", "feature/x"]);
+  });
+
+  it("gives another group's same name a numeric suffix instead of revealing it", async () => {
+    const r = await call(api, "POST", "/apps", { credential: globex, body: { app_name: "node-web", repository: "https://example.com/globex/web.git" } });
+    expect(r.status).toBe(201);
+    expect(r.body.app_name).toBe("node-web-2");
+  });
+
+  it("validates the body: 422 for a bad name, an unsupported repository host, a missing field", async () => {
+    for (const body of [
+      { app_name: "!!!", repository: "https://example.com/a.git" },
+      { app_name: "x".repeat(129), repository: "https://example.com/a.git" },
+      { app_name: "ok", repository: "ftp://example.com/a.git" },
+      { app_name: "ok", repository: "https://example.com/a.git", config_path: "../x.yaml" },
+      { app_name: "ok", repository: "https://example.com/a.git", branch: "a..b" },
+      { app_name: "ok" },
+    ]) {
+      const r = await call(api, "POST", "/apps", { credential: acme, body });
+      expect(r.status, JSON.stringify(body)).toBe(422);
+    }
+    const unsupported = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "ftp://example.com/a.git" } });
+    expect(unsupported.body.detail.code).toBe("repository_host_unsupported");
+    expect((await call(api, "POST", "/apps", { credential: acmeRead, body: { app_name: "ok", repository: "https://example.com/a.git" } })).status).toBe(403);
+    expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "https://example.com/a.git", group_slug: "globex" } })).status).toBe(403);
+  });
+});
+
+describe("preflight outcomes", () => {
+  it.each([
+    ["no-config", "needs_config", "config_missing"],
+    ["invalid-config", "config_invalid", "config_invalid"],
+  ] as const)("%s ends %s", async (fixture, status, reason) => {
+    const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: fixture, repository: repos[fixture]!.url } });
+    expect(r.status).toBe(201);
+    await expect.poll(async () => (await preflightOf(acme, fixture)).preflight_status, { timeout: 30_000, interval: 250 }).toBe(status);
+    const app = await preflightOf(acme, fixture);
+    expect(app.preflight_result.reason).toBe(reason);
+    if (status === "needs_config") expect(app.preflight_result.missing_paths).toEqual(["platform.yaml"]);
+    if (status === "config_invalid") expect(app.preflight_result.errors.map((e: { path: string }) => e.path)).toEqual(expect.arrayContaining(["services.web.port"]));
+  });
+
+  it("ends no_access for a branch that does not exist, and recheck re-queues it", async () => {
+    const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "failing-build", repository: repos["failing-build"]!.url, branch: "nope" } });
+    expect(r.status).toBe(201);
+    await expect.poll(async () => (await preflightOf(acme, "failing-build", "nope")).preflight_status, { timeout: 30_000, interval: 250 }).toBe("no_access");
+    expect((await preflightOf(acme, "failing-build", "nope")).preflight_result.reason).toBe("branch_not_found");
+    const recheck = await call(api, "POST", "/apps/failing-build/preflight/recheck?branch=nope", { credential: acme });
+    expect(recheck.status).toBe(202);
+    expect(recheck.body).toMatchObject({ app_name: "failing-build", branch: "nope", preflight_status: "pending", preflight_action_id: expect.any(String) });
+    await expect.poll(async () => (await preflightOf(acme, "failing-build", "nope")).preflight_status, { timeout: 30_000, interval: 250 }).toBe("no_access");
+  });
+});
+
+describe("tenant isolation", () => {
+  it("answers 404 for another group's app on every app route", async () => {
+    const unknown = await call(api, "GET", "/apps/does-not-exist", { credential: globex });
+    expect(unknown.status).toBe(404);
+    for (const [method, path] of [
+      ["GET", "/apps/node-web"],
+      ["GET", "/apps/node-web/branches"],
+      ["POST", "/apps/node-web/preflight/recheck"],
+      ["DELETE", "/apps/node-web?branch=main"],
+    ] as const) {
+      const r = await call(api, method, path, { credential: globex });
+      expect(r.status, `${method} ${path}`).toBe(404);
+    }
+    const list = await call(api, "GET", "/apps", { credential: globex });
+    expect(list.body.items.map((a: { app_name: string }) => a.app_name)).toEqual(["node-web-2"]);
+    expect(list.body).toMatchObject({ total: 1, domain: "localhost" });
+  });
+
+  it("lets operators list every group's apps and select one group", async () => {
+    const all = await call(api, "GET", "/apps", { credential: fleet.rootKey });
+    expect(new Set(all.body.items.map((a: { group_slug: string }) => a.group_slug))).toEqual(new Set(["acme", "globex"]));
+    const one = await call(api, "GET", "/apps?group=globex", { credential: fleet.rootKey });
+    expect(one.body.items.every((a: { group_slug: string }) => a.group_slug === "globex")).toBe(true);
+  });
+
+  it("deletes a branch; the production branch of a multi-branch app must hand over first", async () => {
+    const prod = await call(api, "DELETE", "/apps/node-web?branch=main", { credential: acme });
+    expect(prod.status).toBe(409);
+    expect(prod.body.detail.code).toBe("production_branch");
+    expect((await call(api, "DELETE", "/apps/node-web", { credential: acme })).body.detail.code).toBe("branch_required");
+    expect((await call(api, "DELETE", `/apps/node-web?branch=${encodeURIComponent("feature/x")}`, { credential: acme })).status).toBe(204);
+    expect((await call(api, "GET", `/apps/node-web?branch=${encodeURIComponent("feature/x")}`, { credential: acme })).status).toBe(404);
+  });
+});
