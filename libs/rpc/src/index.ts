@@ -113,7 +113,8 @@ export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer>
   const h1 = http.createServer(handle);
   const h2 = http2.createServer({}, handle);
   const sockets = new Set<net.Socket>();
-  const front = net.createServer((socket) => {
+  // Small HTTP/2 frames must not wait for Nagle: a raw net server does not set TCP_NODELAY by itself.
+  const front = net.createServer({ noDelay: true }, (socket) => {
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.once("readable", () => {
