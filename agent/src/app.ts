@@ -1,14 +1,18 @@
 /**
  * The host agent: one per host. It heartbeats, answers its health endpoints and its fast RPCs
- * (GIT_PREFLIGHT); the work consumer, builder, runtime drivers and router arrive with the build
- * and deploy issues.
+ * (GIT_PREFLIGHT), and runs the deploy lane's work (BUILD so far; runtime drivers and the router
+ * arrive with deployments), shipping its log lines to health-aggregator.
  */
 import http from "node:http";
 import { resolve as resolvePath } from "node:path";
 import { readFileSync } from "node:fs";
-import { agentEnv, loadConfig, type Config } from "@platform/config";
+import { agentEnv, allowFileRepos, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
 import { connectBus, subjects, traceHeaders } from "@platform/bus";
+import { LogShipper } from "@platform/logship";
+import { createServiceClient } from "@platform/rpc";
+import { DeployQueueService } from "@platform/proto";
+import { startWorkLane } from "./work.ts";
 import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 
@@ -40,10 +44,23 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
 
   const preflightDeps: PreflightDeps = {
     workDir: resolvePath(config.AGENT_WORK_DIR),
-    // ARCHITECTURE section 8: file:// repositories by default only in the dev environment.
-    allowFileRepos: config.PLATFORM_ALLOW_FILE_REPOS ?? config.PLATFORM_ENVIRONMENT === "dev",
+    allowFileRepos: allowFileRepos(config),
   };
   const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
+  const shipper = new LogShipper({ bus, defaults: { instance_id: config.AGENT_HOST_ID }, logger });
+  const work = await startWorkLane({
+    bus,
+    hostId: config.AGENT_HOST_ID,
+    queue: createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL, { timeoutMs: 15_000 }),
+    logger,
+    log: (line) => void shipper.ship(line),
+    build: {
+      workDir: resolvePath(config.AGENT_WORK_DIR),
+      imageDir: resolvePath(config.AGENT_IMAGE_DIR),
+      allowFileRepos: allowFileRepos(config),
+      timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
+    },
+  });
   // The server knows the subscriptions before the agent says it is ready.
   await bus.nc.flush();
 
@@ -65,7 +82,9 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     });
   } catch (err) {
     clearInterval(timer);
+    await work.stop();
     await preflight.stop();
+    await shipper.close();
     await bus.close();
     throw err;
   }
@@ -78,8 +97,10 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     beat,
     async close() {
       clearInterval(timer);
+      await work.stop();
       await preflight.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
+      await shipper.close();
       await bus.close();
     },
   };

@@ -9,18 +9,23 @@ import { gatewayEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
 import { connectBus, subjects, subscribe, type Bus } from "@platform/bus";
 import { createServiceClient } from "@platform/rpc";
-import { AppsBuildsService, IdentityService } from "@platform/proto";
+import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
+import { appSettingsRoutes } from "./routes/app-settings.ts";
 import { buildRoutes } from "./routes/builds.ts";
 import { authRoutes } from "./routes/auth.ts";
 import { docsRoutes } from "./routes/docs.ts";
 import { groupRoutes } from "./routes/groups.ts";
 import { healthRoutes } from "./routes/health.ts";
 import { keyRoutes } from "./routes/keys.ts";
+import { queueRoutes } from "./routes/queue.ts";
+import { DeployQueueService } from "@platform/proto";
+import { logRoutes } from "./routes/logs.ts";
+import { varRoutes } from "./routes/vars.ts";
 
 export type GatewayConfig = Config<typeof gatewayEnv>;
 
@@ -72,7 +77,11 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   keyRoutes(app, identity, cache);
   authRoutes(app, identity, cache);
   appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
+  appSettingsRoutes(app, apps);
   buildRoutes(app, apps);
+  queueRoutes(app, createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL));
+  logRoutes(app, createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL));
+  varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);
 
   // Every replica drops a revoked credential as soon as identity announces it.

@@ -67,3 +67,14 @@ export async function seedMember(
     await orm.close(true);
   }
 }
+
+/** Polls `read` until `done` holds (usable in hooks, where expect.poll is not). */
+export async function waitFor<T>(read: () => Promise<T>, done: (value: T) => boolean, timeoutMs = 30_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await read();
+    if (done(value)) return value;
+    if (Date.now() > until) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}

@@ -9,7 +9,7 @@ import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
 /** The spec's app shape (doc 1 section 2.1); `single` adds the single-app fields. */
-function appJson(a: App, single: boolean) {
+export function appJson(a: App, single: boolean) {
   const base = {
     id: a.id,
     app_name: a.appName,

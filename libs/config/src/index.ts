@@ -272,6 +272,12 @@ export const agentEnv = {
     default: ".data/agent",
     description: "directory of the agent's working files (temporary clones of preflight and builds)",
   },
+  AGENT_IMAGE_DIR: {
+    type: "string",
+    default: ".data/agent/images",
+    description: "the host's image store: one archive per built tag",
+  },
+  AGENT_BUILD_TIMEOUT_S: { type: "int", default: "900", description: "a build running longer than this fails" },
   PLATFORM_ALLOW_FILE_REPOS: {
     type: "bool",
     optional: true,

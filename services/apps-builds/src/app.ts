@@ -4,13 +4,18 @@
 import { appsBuildsEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
 import { entities } from "./entities/index.ts";
+import { variableEntities } from "./entities/variables.ts";
 import { migrations } from "./migrations/0001_apps.ts";
 import { buildMigrations } from "./migrations/0003_builds.ts";
 import { configMigrations } from "./migrations/0004_app_config.ts";
+import { variableMigrations } from "./migrations/0002_variables.ts";
+import { settingsMigrations } from "./migrations/0005_app_settings.ts";
 import { startBuildTracker } from "./build-tracker.ts";
 import { startPreflightWorker } from "./preflight-worker.ts";
 import { buildHandlers } from "./rpc-builds.ts";
+import { settingsHandlers } from "./rpc-settings.ts";
 import { routes } from "./rpc.ts";
+import { variableHandlers } from "./rpc-variables.ts";
 
 export type AppsBuildsConfig = Config<typeof appsBuildsEnv>;
 
@@ -18,9 +23,9 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
   return startService({
     name: "apps-builds",
     config,
-    entities,
-    migrations: [...migrations, ...buildMigrations, ...configMigrations],
-    routes: (ctx) => routes({ ...ctx, config }, buildHandlers),
+    entities: [...entities, ...variableEntities],
+    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations],
+    routes: (ctx) => routes({ ...ctx, config }, buildHandlers, settingsHandlers, variableHandlers),
     async onStart(ctx) {
       const preflight = await startPreflightWorker(ctx);
       const tracker = await startBuildTracker(ctx);

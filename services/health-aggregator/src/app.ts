@@ -1,11 +1,47 @@
 /**
- * health-aggregator: owns its schema, answers readiness. Its capabilities land with their own issues; until
- * then it publishes no routes of its own.
+ * health-aggregator: the log store (ingested from the LOGS stream, served to GET /api/logs), and,
+ * as their issues land, incidents, uptime checks, OOM events, warnings and the health summary.
  */
 import { loadConfig, serviceEnv } from "@platform/config";
 import { startService, type RunningService, type ServiceConfig } from "@platform/service";
+import { entities } from "./entities/index.ts";
+import { migrations } from "./migrations/0001_logs.ts";
+import { LogStore } from "./domain/log-store.ts";
+import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
 
-export function build(config: ServiceConfig = loadConfig(serviceEnv("health-aggregator"))): Promise<RunningService> {
-  return startService({ name: "health-aggregator", config, entities: [], migrations: [], routes });
+export interface HealthAggregatorOptions {
+  ingestion?: LogIngestionOptions;
+}
+
+export interface HealthAggregator extends RunningService {
+  store: LogStore;
+  ingestion: LogIngestion;
+}
+
+export async function build(
+  config: ServiceConfig = loadConfig(serviceEnv("health-aggregator")),
+  options: HealthAggregatorOptions = {},
+): Promise<HealthAggregator> {
+  let store: LogStore | undefined;
+  let ingestion: LogIngestion | undefined;
+  const running = await startService({
+    name: "health-aggregator",
+    config,
+    entities,
+    migrations,
+    // Called after onStart, which has opened the store.
+    routes: (ctx) => routes(ctx, store!),
+    async onStart(ctx) {
+      const logStore = new LogStore({ url: config.DATABASE_URL, schema: ctx.schema, logger: ctx.logger });
+      store = logStore;
+      ingestion = await startLogIngestion(ctx, logStore, options.ingestion).catch(async (err: unknown) => {
+        await logStore.close();
+        throw err;
+      });
+      const started = ingestion;
+      return [() => started.stop(), () => logStore.close()];
+    },
+  });
+  return Object.assign(running, { store: store!, ingestion: ingestion! });
 }

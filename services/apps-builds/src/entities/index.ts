@@ -51,6 +51,10 @@ export const AppSchema = defineEntity({
     /** Dashboard edits over the base: `{path: {value, base}}` (spec 4.4 config layers). */
     overlay: p.json<Record<string, { value: unknown; base: unknown }>>(),
     seedFromReference: p.text().nullable(),
+    /** Deploy settings as the client sent them (register or PATCH): an object, and two lists. */
+    deployConfig: p.json<Record<string, unknown>>().nullable(),
+    deployServices: p.json<unknown[]>().nullable(),
+    deployContainers: p.json<unknown[]>().nullable(),
     createdBy: p.text(),
     createdAt: p.datetime().defaultRaw("now()"),
     updatedAt: p.datetime().defaultRaw("now()").onUpdate(() => new Date()),

@@ -4,17 +4,17 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ListValue } from "@bufbuild/protobuf/wkt";
+import type { ListValue, Value } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
 import type { Caller, ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
 import { file_platform_common_v1_common } from "../../common/v1/common_pb.ts";
-import type { Message } from "@bufbuild/protobuf";
+import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file platform/apps_builds/v1/apps_builds.proto.
  */
 export const file_platform_apps_builds_v1_apps_builds: GenFile = /*@__PURE__*/
-  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEihgEKD1ByZWZsaWdodFJlc3VsdBIOCgZyZWFzb24YASABKAkSDgoGZGV0YWlsGAIgASgJEhAKCHNlcnZpY2VzGAMgAygJEhUKDW1pc3NpbmdfcGF0aHMYBCADKAkSKgoGZXJyb3JzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKVBgoDQXBwEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRIMCgRzbHVnGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSDgoGYnJhbmNoGAYgASgJEhIKCnJlcG9zaXRvcnkYByABKAkSEwoLY29uZmlnX3BhdGgYCCABKAkSFQoNZGVwbG95X3N0YXR1cxgJIAEoCRISCgp2aXNpYmlsaXR5GAogASgJEhUKDWlzX3Byb2R1Y3Rpb24YCyABKAgSGQoMbGF0ZXN0X2J1aWxkGAwgASgJSACIAQESEwoLYnVpbGRfY291bnQYDSABKAUSHAoPcnVubmluZ192ZXJzaW9uGA4gASgJSAGIAQESHQoQcnVubmluZ19idWlsZF9pZBgPIAEoCUgCiAEBEhoKDXJ1bm5pbmdfc2luY2UYECABKAlIA4gBARIYChBkYXRhYmFzZV9lbmFibGVkGBEgASgIEhUKDWNhY2hlX2VuYWJsZWQYEiABKAgSFQoNZW1haWxfZW5hYmxlZBgTIAEoCBIYChBwcmVmbGlnaHRfc3RhdHVzGBQgASgJEkcKEHByZWZsaWdodF9yZXN1bHQYFSABKAsyKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5QcmVmbGlnaHRSZXN1bHRIBIgBARIbCg5kZXBsb3lfd2FybmluZxgWIAEoCUgFiAEBEhAKCHdhcm5pbmdzGBcgAygJEhIKCmNyZWF0ZWRfYXQYGCABKAkSEgoKdXBkYXRlZF9hdBgZIAEoCRITCgtkZXNjcmlwdGlvbhgaIAEoCRISCgpjcmVhdGVkX2J5GBsgASgJEhUKDXNlcnZpY2VfbmFtZXMYHCADKAlCDwoNX2xhdGVzdF9idWlsZEISChBfcnVubmluZ192ZXJzaW9uQhMKEV9ydW5uaW5nX2J1aWxkX2lkQhAKDl9ydW5uaW5nX3NpbmNlQhMKEV9wcmVmbGlnaHRfcmVzdWx0QhEKD19kZXBsb3lfd2FybmluZyKSAgoSUmVnaXN0ZXJBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIUCgxkaXNwbGF5X25hbWUYBCABKAkSDgoGYnJhbmNoGAUgASgJEhMKC2Rlc2NyaXB0aW9uGAYgASgJEhMKC2NvbmZpZ19wYXRoGAcgASgJEhIKCmdyb3VwX3NsdWcYCCABKAkSGAoQZGF0YWJhc2VfZW5hYmxlZBgJIAEoCBIVCg1jYWNoZV9lbmFibGVkGAogASgIEhUKDWVtYWlsX2VuYWJsZWQYCyABKAgiXQoTUmVnaXN0ZXJBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASGwoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCSJRCg9MaXN0QXBwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchISCgphbGxfZ3JvdXBzGAIgASgIIk4KEExpc3RBcHBzUmVzcG9uc2USKwoFaXRlbXMYASADKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASDQoFdG90YWwYAiABKAUiXQoNR2V0QXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSJgChBEZWxldGVBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIhMKEURlbGV0ZUFwcFJlc3BvbnNlIlMKE0xpc3RCcmFuY2hlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCSKgAQoGQnJhbmNoEg4KBmJyYW5jaBgBIAEoCRIVCg1pc19wcm9kdWN0aW9uGAIgASgIEhUKDWRlcGxveV9zdGF0dXMYAyABKAkSGAoQcHJlZmxpZ2h0X3N0YXR1cxgEIAEoCRIZCgxsYXRlc3RfYnVpbGQYBSABKAlIAIgBARISCgpjcmVhdGVkX2F0GAYgASgJQg8KDV9sYXRlc3RfYnVpbGQiWwoUTGlzdEJyYW5jaGVzUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSMQoIYnJhbmNoZXMYAiADKAsyHy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CcmFuY2giZwoXUmVjaGVja1ByZWZsaWdodFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkicwoYUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIYChBwcmVmbGlnaHRfc3RhdHVzGAMgASgJEhsKE3ByZWZsaWdodF9hY3Rpb25faWQYBCABKAkinwUKBUJ1aWxkEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRILCgN0YWcYBCABKAkSGAoLY29tbWl0X2hhc2gYBSABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgGIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYByABKAlIAogBARIgChNjb21taXRfY29tbWl0dGVkX2F0GAggASgJSAOIAQESDgoGYnJhbmNoGAkgASgJEg4KBnN0YXR1cxgKIAEoCRIUCgxjb2RlYnVpbGRfaWQYCyABKAkSFwoPY29kZWJ1aWxkX3BoYXNlGAwgASgJEh0KEGR1cmF0aW9uX3NlY29uZHMYDSABKAVIBIgBARIOCgZpbWFnZXMYDiADKAkSGgoNZXJyb3JfbWVzc2FnZRgPIAEoCUgFiAEBEhIKCmNyZWF0ZWRfYnkYECABKAkSFwoKc3RhcnRlZF9hdBgRIAEoCUgGiAEBEhkKDGNvbXBsZXRlZF9hdBgSIAEoCUgHiAEBEhIKCmNyZWF0ZWRfYXQYEyABKAkSEgoKdXBkYXRlZF9hdBgUIAEoCRISCgpncm91cF9zbHVnGBUgASgJEhQKDHF1ZXVlX3N0YXR1cxgWIAEoCRIQCgNsb2cYFyABKAlICIgBAUIOCgxfY29tbWl0X2hhc2hCEQoPX2NvbW1pdF9tZXNzYWdlQhAKDl9jb21taXRfYXV0aG9yQhYKFF9jb21taXRfY29tbWl0dGVkX2F0QhMKEV9kdXJhdGlvbl9zZWNvbmRzQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19zdGFydGVkX2F0Qg8KDV9jb21wbGV0ZWRfYXRCBgoEX2xvZyK5AQoTVHJpZ2dlckJ1aWxkUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEhIKCnJlcG9zaXRvcnkYAyABKAkSDgoGYnJhbmNoGAQgASgJEhMKC2F1dG9fZGVwbG95GAUgASgIEhMKC2NvbmZpZ19wYXRoGAYgASgJEhYKDnNraXBfcHJlZmxpZ2h0GAcgASgIImwKFFRyaWdnZXJCdWlsZFJlc3BvbnNlEgsKA3RhZxgBIAEoCRIRCglhY3Rpb25faWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEhAKCGJ1aWxkX2lkGAQgASgJEhIKCnJlZ2lzdGVyZWQYBSABKAgipwEKEUxpc3RCdWlsZHNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEg0KBXNpbmNlGAQgASgJEg0KBWxpbWl0GAUgASgFEg4KBm9mZnNldBgGIAEoBRIWCg5leHBsaWNpdF9ncm91cBgHIAEoCCJSChJMaXN0QnVpbGRzUmVzcG9uc2USLQoFaXRlbXMYASADKAsyHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZBINCgV0b3RhbBgCIAEoBSJnCg9HZXRCdWlsZFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghidWlsZF9pZBgCIAEoCRIWCg5leHBsaWNpdF9ncm91cBgDIAEoCCJhChRHZXRCdWlsZEJ5VGFnUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEgsKA3RhZxgDIAEoCTLcCAoRQXBwc0J1aWxkc1NlcnZpY2USWAoJUmVhZGluZXNzEiQucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1JlcXVlc3QaJS5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVzcG9uc2USaAoLUmVnaXN0ZXJBcHASKy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWdpc3RlckFwcFJlcXVlc3QaLC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWdpc3RlckFwcFJlc3BvbnNlEl8KCExpc3RBcHBzEigucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEFwcHNSZXF1ZXN0GikucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEFwcHNSZXNwb25zZRJOCgZHZXRBcHASJi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5HZXRBcHBSZXF1ZXN0GhwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuQXBwEmIKCURlbGV0ZUFwcBIpLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkRlbGV0ZUFwcFJlcXVlc3QaKi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5EZWxldGVBcHBSZXNwb25zZRJrCgxMaXN0QnJhbmNoZXMSLC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnJhbmNoZXNSZXF1ZXN0Gi0ucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJyYW5jaGVzUmVzcG9uc2USdwoQUmVjaGVja1ByZWZsaWdodBIwLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlY2hlY2tQcmVmbGlnaHRSZXF1ZXN0GjEucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEmsKDFRyaWdnZXJCdWlsZBIsLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlRyaWdnZXJCdWlsZFJlcXVlc3QaLS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5UcmlnZ2VyQnVpbGRSZXNwb25zZRJlCgpMaXN0QnVpbGRzEioucGxhdGZvcm0uYXBwc19idWlsZHMudjEuTGlzdEJ1aWxkc1JlcXVlc3QaKy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnVpbGRzUmVzcG9uc2USVAoIR2V0QnVpbGQSKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5HZXRCdWlsZFJlcXVlc3QaHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZBJeCg1HZXRCdWlsZEJ5VGFnEi0ucGxhdGZvcm0uYXBwc19idWlsZHMudjEuR2V0QnVpbGRCeVRhZ1JlcXVlc3QaHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZGIGcHJvdG8z", [file_google_protobuf_struct, file_platform_common_v1_common]);
+  fileDesc("CilwbGF0Zm9ybS9hcHBzX2J1aWxkcy92MS9hcHBzX2J1aWxkcy5wcm90bxIXcGxhdGZvcm0uYXBwc19idWlsZHMudjEihgEKD1ByZWZsaWdodFJlc3VsdBIOCgZyZWFzb24YASABKAkSDgoGZGV0YWlsGAIgASgJEhAKCHNlcnZpY2VzGAMgAygJEhUKDW1pc3NpbmdfcGF0aHMYBCADKAkSKgoGZXJyb3JzGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLkxpc3RWYWx1ZSKVBgoDQXBwEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRIMCgRzbHVnGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSDgoGYnJhbmNoGAYgASgJEhIKCnJlcG9zaXRvcnkYByABKAkSEwoLY29uZmlnX3BhdGgYCCABKAkSFQoNZGVwbG95X3N0YXR1cxgJIAEoCRISCgp2aXNpYmlsaXR5GAogASgJEhUKDWlzX3Byb2R1Y3Rpb24YCyABKAgSGQoMbGF0ZXN0X2J1aWxkGAwgASgJSACIAQESEwoLYnVpbGRfY291bnQYDSABKAUSHAoPcnVubmluZ192ZXJzaW9uGA4gASgJSAGIAQESHQoQcnVubmluZ19idWlsZF9pZBgPIAEoCUgCiAEBEhoKDXJ1bm5pbmdfc2luY2UYECABKAlIA4gBARIYChBkYXRhYmFzZV9lbmFibGVkGBEgASgIEhUKDWNhY2hlX2VuYWJsZWQYEiABKAgSFQoNZW1haWxfZW5hYmxlZBgTIAEoCBIYChBwcmVmbGlnaHRfc3RhdHVzGBQgASgJEkcKEHByZWZsaWdodF9yZXN1bHQYFSABKAsyKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5QcmVmbGlnaHRSZXN1bHRIBIgBARIbCg5kZXBsb3lfd2FybmluZxgWIAEoCUgFiAEBEhAKCHdhcm5pbmdzGBcgAygJEhIKCmNyZWF0ZWRfYXQYGCABKAkSEgoKdXBkYXRlZF9hdBgZIAEoCRITCgtkZXNjcmlwdGlvbhgaIAEoCRISCgpjcmVhdGVkX2J5GBsgASgJEhUKDXNlcnZpY2VfbmFtZXMYHCADKAlCDwoNX2xhdGVzdF9idWlsZEISChBfcnVubmluZ192ZXJzaW9uQhMKEV9ydW5uaW5nX2J1aWxkX2lkQhAKDl9ydW5uaW5nX3NpbmNlQhMKEV9wcmVmbGlnaHRfcmVzdWx0QhEKD19kZXBsb3lfd2FybmluZyKSAgoSUmVnaXN0ZXJBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSEgoKcmVwb3NpdG9yeRgDIAEoCRIUCgxkaXNwbGF5X25hbWUYBCABKAkSDgoGYnJhbmNoGAUgASgJEhMKC2Rlc2NyaXB0aW9uGAYgASgJEhMKC2NvbmZpZ19wYXRoGAcgASgJEhIKCmdyb3VwX3NsdWcYCCABKAkSGAoQZGF0YWJhc2VfZW5hYmxlZBgJIAEoCBIVCg1jYWNoZV9lbmFibGVkGAogASgIEhUKDWVtYWlsX2VuYWJsZWQYCyABKAgiXQoTUmVnaXN0ZXJBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASGwoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCSJRCg9MaXN0QXBwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchISCgphbGxfZ3JvdXBzGAIgASgIIk4KEExpc3RBcHBzUmVzcG9uc2USKwoFaXRlbXMYASADKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASDQoFdG90YWwYAiABKAUiXQoNR2V0QXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSJgChBEZWxldGVBcHBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIhMKEURlbGV0ZUFwcFJlc3BvbnNlIlMKE0xpc3RCcmFuY2hlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCSKgAQoGQnJhbmNoEg4KBmJyYW5jaBgBIAEoCRIVCg1pc19wcm9kdWN0aW9uGAIgASgIEhUKDWRlcGxveV9zdGF0dXMYAyABKAkSGAoQcHJlZmxpZ2h0X3N0YXR1cxgEIAEoCRIZCgxsYXRlc3RfYnVpbGQYBSABKAlIAIgBARISCgpjcmVhdGVkX2F0GAYgASgJQg8KDV9sYXRlc3RfYnVpbGQiWwoUTGlzdEJyYW5jaGVzUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSMQoIYnJhbmNoZXMYAiADKAsyHy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CcmFuY2giZwoXUmVjaGVja1ByZWZsaWdodFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkicwoYUmVjaGVja1ByZWZsaWdodFJlc3BvbnNlEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRIYChBwcmVmbGlnaHRfc3RhdHVzGAMgASgJEhsKE3ByZWZsaWdodF9hY3Rpb25faWQYBCABKAkinwUKBUJ1aWxkEgoKAmlkGAEgASgJEhAKCGFwcF9uYW1lGAIgASgJEhQKDGRpc3BsYXlfbmFtZRgDIAEoCRILCgN0YWcYBCABKAkSGAoLY29tbWl0X2hhc2gYBSABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgGIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYByABKAlIAogBARIgChNjb21taXRfY29tbWl0dGVkX2F0GAggASgJSAOIAQESDgoGYnJhbmNoGAkgASgJEg4KBnN0YXR1cxgKIAEoCRIUCgxjb2RlYnVpbGRfaWQYCyABKAkSFwoPY29kZWJ1aWxkX3BoYXNlGAwgASgJEh0KEGR1cmF0aW9uX3NlY29uZHMYDSABKAVIBIgBARIOCgZpbWFnZXMYDiADKAkSGgoNZXJyb3JfbWVzc2FnZRgPIAEoCUgFiAEBEhIKCmNyZWF0ZWRfYnkYECABKAkSFwoKc3RhcnRlZF9hdBgRIAEoCUgGiAEBEhkKDGNvbXBsZXRlZF9hdBgSIAEoCUgHiAEBEhIKCmNyZWF0ZWRfYXQYEyABKAkSEgoKdXBkYXRlZF9hdBgUIAEoCRISCgpncm91cF9zbHVnGBUgASgJEhQKDHF1ZXVlX3N0YXR1cxgWIAEoCRIQCgNsb2cYFyABKAlICIgBAUIOCgxfY29tbWl0X2hhc2hCEQoPX2NvbW1pdF9tZXNzYWdlQhAKDl9jb21taXRfYXV0aG9yQhYKFF9jb21taXRfY29tbWl0dGVkX2F0QhMKEV9kdXJhdGlvbl9zZWNvbmRzQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19zdGFydGVkX2F0Qg8KDV9jb21wbGV0ZWRfYXRCBgoEX2xvZyK5AQoTVHJpZ2dlckJ1aWxkUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEhIKCnJlcG9zaXRvcnkYAyABKAkSDgoGYnJhbmNoGAQgASgJEhMKC2F1dG9fZGVwbG95GAUgASgIEhMKC2NvbmZpZ19wYXRoGAYgASgJEhYKDnNraXBfcHJlZmxpZ2h0GAcgASgIImwKFFRyaWdnZXJCdWlsZFJlc3BvbnNlEgsKA3RhZxgBIAEoCRIRCglhY3Rpb25faWQYAiABKAkSDgoGc3RhdHVzGAMgASgJEhAKCGJ1aWxkX2lkGAQgASgJEhIKCnJlZ2lzdGVyZWQYBSABKAgipwEKEUxpc3RCdWlsZHNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEg0KBXNpbmNlGAQgASgJEg0KBWxpbWl0GAUgASgFEg4KBm9mZnNldBgGIAEoBRIWCg5leHBsaWNpdF9ncm91cBgHIAEoCCJSChJMaXN0QnVpbGRzUmVzcG9uc2USLQoFaXRlbXMYASADKAsyHi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5CdWlsZBINCgV0b3RhbBgCIAEoBSJnCg9HZXRCdWlsZFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghidWlsZF9pZBgCIAEoCRIWCg5leHBsaWNpdF9ncm91cBgDIAEoCCJhChRHZXRCdWlsZEJ5VGFnUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEgsKA3RhZxgDIAEoCSKHAQoQVXBkYXRlQXBwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCRIlCgVwYXRjaBgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSJ4ChFVcGRhdGVBcHBSZXNwb25zZRIpCgNhcHAYASABKAsyHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASIAoTcHJlZmxpZ2h0X2FjdGlvbl9pZBgCIAEoCUgAiAEBQhYKFF9wcmVmbGlnaHRfYWN0aW9uX2lkImoKGlNldFByb2R1Y3Rpb25CcmFuY2hSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIpgBChtTZXRQcm9kdWN0aW9uQnJhbmNoUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSDgoGYnJhbmNoGAIgASgJEicKGnByZXZpb3VzX3Byb2R1Y3Rpb25fYnJhbmNoGAMgASgJSACIAQESDwoHY2hhbmdlZBgEIAEoCEIdChtfcHJldmlvdXNfcHJvZHVjdGlvbl9icmFuY2giYwoTR2V0QXBwQ29uZmlnUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCSL0AgoPQXBwQ29uZmlnTGF5ZXJzEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRITCgtjb25maWdfcGF0aBgDIAEoCRIlCgRiYXNlGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIoCgdvdmVybGF5GAUgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIqCgllZmZlY3RpdmUYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EksKCnNvdXJjZV9tYXAYByADKAsyNy5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHBDb25maWdMYXllcnMuU291cmNlTWFwRW50cnkSGwoOZWZmZWN0aXZlX3lhbWwYCCABKAlIAIgBARowCg5Tb3VyY2VNYXBFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhEKD19lZmZlY3RpdmVfeWFtbCKKAQoUU2F2ZUFwcENvbmZpZ1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkSJAoEYm9keRgEIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSLDAQoVU2F2ZUFwcENvbmZpZ1Jlc3BvbnNlEigKB292ZXJsYXkYASABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhUKDWNoYW5nZWRfcGF0aHMYAiADKAkSFAoMYXBwbGllc19saXZlGAMgASgIEhkKEXJlcXVpcmVzX3JlZGVwbG95GAQgASgIEiAKE3ByZWZsaWdodF9hY3Rpb25faWQYBSABKAlIAIgBAUIWChRfcHJlZmxpZ2h0X2FjdGlvbl9pZCL1AQoJVmFyaWFibGVzEhAKCGFwcF9uYW1lGAEgASgJEg4KBmJyYW5jaBgCIAEoCRJECgl2YXJpYWJsZXMYAyADKAsyMS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5WYXJpYWJsZXMuVmFyaWFibGVzRW50cnkSFwoKdXBkYXRlZF9hdBgEIAEoCUgAiAEBEhcKCnVwZGF0ZWRfYnkYBSABKAlIAYgBARowCg5WYXJpYWJsZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQg0KC191cGRhdGVkX2F0Qg0KC191cGRhdGVkX2J5ImMKE0dldFZhcmlhYmxlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAki5QEKE1B1dFZhcmlhYmxlc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkSTgoJdmFyaWFibGVzGAQgAygLMjsucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUHV0VmFyaWFibGVzUmVxdWVzdC5WYXJpYWJsZXNFbnRyeRowCg5WYXJpYWJsZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBInIKFURlbGV0ZVZhcmlhYmxlUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCRILCgNrZXkYBCABKAkiggEKG1ByZXZpZXdWYXJpYWJsZXNDb3B5UmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCRIVCg1zb3VyY2VfYnJhbmNoGAQgASgJItABChRWYXJpYWJsZXNDb3B5UHJldmlldxIQCghhcHBfbmFtZRgBIAEoCRIOCgZicmFuY2gYAiABKAkSFQoNc291cmNlX2JyYW5jaBgDIAEoCRIQCghuZXdfa2V5cxgEIAMoCRIWCg5pZGVudGljYWxfa2V5cxgFIAMoCRIVCg1jb25mbGljdF9rZXlzGAYgAygJEiMKFmRlc3RpbmF0aW9uX3VwZGF0ZWRfYXQYByABKAlIAIgBAUIZChdfZGVzdGluYXRpb25fdXBkYXRlZF9hdCLiAQoeQ29weVZhcmlhYmxlc0Zyb21CcmFuY2hSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEhUKDXNvdXJjZV9icmFuY2gYBCABKAkSEwoLb25fY29uZmxpY3QYBSABKAkSDAoEa2V5cxgGIAMoCRIgChNleHBlY3RlZF91cGRhdGVkX2F0GAcgASgJSACIAQFCFgoUX2V4cGVjdGVkX3VwZGF0ZWRfYXQi0AEKH0NvcHlWYXJpYWJsZXNGcm9tQnJhbmNoUmVzcG9uc2USEAoIYXBwX25hbWUYASABKAkSDgoGYnJhbmNoGAIgASgJEhUKDXNvdXJjZV9icmFuY2gYAyABKAkSDgoGY29waWVkGAQgAygJEhMKC292ZXJ3cml0dGVuGAUgAygJEg8KB3NraXBwZWQYBiADKAkSIwoWZGVzdGluYXRpb25fdXBkYXRlZF9hdBgHIAEoCUgAiAEBQhkKF19kZXN0aW5hdGlvbl91cGRhdGVkX2F0MtEQChFBcHBzQnVpbGRzU2VydmljZRJYCglSZWFkaW5lc3MSJC5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVxdWVzdBolLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXNwb25zZRJoCgtSZWdpc3RlckFwcBIrLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlZ2lzdGVyQXBwUmVxdWVzdBosLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlJlZ2lzdGVyQXBwUmVzcG9uc2USXwoITGlzdEFwcHMSKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QXBwc1JlcXVlc3QaKS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QXBwc1Jlc3BvbnNlEk4KBkdldEFwcBImLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkdldEFwcFJlcXVlc3QaHC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHASYgoJRGVsZXRlQXBwEikucGxhdGZvcm0uYXBwc19idWlsZHMudjEuRGVsZXRlQXBwUmVxdWVzdBoqLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkRlbGV0ZUFwcFJlc3BvbnNlEmsKDExpc3RCcmFuY2hlcxIsLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RCcmFuY2hlc1JlcXVlc3QaLS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnJhbmNoZXNSZXNwb25zZRJ3ChBSZWNoZWNrUHJlZmxpZ2h0EjAucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUmVjaGVja1ByZWZsaWdodFJlcXVlc3QaMS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5SZWNoZWNrUHJlZmxpZ2h0UmVzcG9uc2USawoMVHJpZ2dlckJ1aWxkEiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuVHJpZ2dlckJ1aWxkUmVxdWVzdBotLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlRyaWdnZXJCdWlsZFJlc3BvbnNlEmUKCkxpc3RCdWlsZHMSKi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5MaXN0QnVpbGRzUmVxdWVzdBorLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkxpc3RCdWlsZHNSZXNwb25zZRJUCghHZXRCdWlsZBIoLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkdldEJ1aWxkUmVxdWVzdBoeLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkJ1aWxkEl4KDUdldEJ1aWxkQnlUYWcSLS5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5HZXRCdWlsZEJ5VGFnUmVxdWVzdBoeLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkJ1aWxkEmIKCVVwZGF0ZUFwcBIpLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlVwZGF0ZUFwcFJlcXVlc3QaKi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5VcGRhdGVBcHBSZXNwb25zZRKAAQoTU2V0UHJvZHVjdGlvbkJyYW5jaBIzLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlNldFByb2R1Y3Rpb25CcmFuY2hSZXF1ZXN0GjQucGxhdGZvcm0uYXBwc19idWlsZHMudjEuU2V0UHJvZHVjdGlvbkJyYW5jaFJlc3BvbnNlEmYKDEdldEFwcENvbmZpZxIsLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkdldEFwcENvbmZpZ1JlcXVlc3QaKC5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5BcHBDb25maWdMYXllcnMSbgoNU2F2ZUFwcENvbmZpZxItLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlNhdmVBcHBDb25maWdSZXF1ZXN0Gi4ucGxhdGZvcm0uYXBwc19idWlsZHMudjEuU2F2ZUFwcENvbmZpZ1Jlc3BvbnNlEmAKDEdldFZhcmlhYmxlcxIsLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkdldFZhcmlhYmxlc1JlcXVlc3QaIi5wbGF0Zm9ybS5hcHBzX2J1aWxkcy52MS5WYXJpYWJsZXMSYAoMUHV0VmFyaWFibGVzEiwucGxhdGZvcm0uYXBwc19idWlsZHMudjEuUHV0VmFyaWFibGVzUmVxdWVzdBoiLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlZhcmlhYmxlcxJkCg5EZWxldGVWYXJpYWJsZRIuLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkRlbGV0ZVZhcmlhYmxlUmVxdWVzdBoiLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlZhcmlhYmxlcxJ7ChRQcmV2aWV3VmFyaWFibGVzQ29weRI0LnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlByZXZpZXdWYXJpYWJsZXNDb3B5UmVxdWVzdBotLnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLlZhcmlhYmxlc0NvcHlQcmV2aWV3EowBChdDb3B5VmFyaWFibGVzRnJvbUJyYW5jaBI3LnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkNvcHlWYXJpYWJsZXNGcm9tQnJhbmNoUmVxdWVzdBo4LnBsYXRmb3JtLmFwcHNfYnVpbGRzLnYxLkNvcHlWYXJpYWJsZXNGcm9tQnJhbmNoUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_struct, file_platform_common_v1_common]);
 
 /**
  * PreflightResult mirrors `preflight_result` of the spec (doc 1 section 2.1).
@@ -907,6 +907,659 @@ export const GetBuildByTagRequestSchema: GenMessage<GetBuildByTagRequest> = /*@_
   messageDesc(file_platform_apps_builds_v1_apps_builds, 20);
 
 /**
+ * PATCH /api/apps/{app_name} (doc 1 section 4.4).
+ *
+ * @generated from message platform.apps_builds.v1.UpdateAppRequest
+ */
+export type UpdateAppRequest = Message<"platform.apps_builds.v1.UpdateAppRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: the production branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * The body as the client sent it. It stays JSON because the rules are about JSON: an absent
+   * field is unchanged, null is accepted only for seed_from_reference, unknown fields are refused.
+   *
+   * @generated from field: google.protobuf.Value patch = 4;
+   */
+  patch?: Value | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.UpdateAppRequest.
+ * Use `create(UpdateAppRequestSchema)` to create a new message.
+ */
+export const UpdateAppRequestSchema: GenMessage<UpdateAppRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 21);
+
+/**
+ * @generated from message platform.apps_builds.v1.UpdateAppResponse
+ */
+export type UpdateAppResponse = Message<"platform.apps_builds.v1.UpdateAppResponse"> & {
+  /**
+   * @generated from field: platform.apps_builds.v1.App app = 1;
+   */
+  app?: App | undefined;
+
+  /**
+   * Set when the update re-queued the preflight (a new config_path).
+   *
+   * @generated from field: optional string preflight_action_id = 2;
+   */
+  preflightActionId?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.UpdateAppResponse.
+ * Use `create(UpdateAppResponseSchema)` to create a new message.
+ */
+export const UpdateAppResponseSchema: GenMessage<UpdateAppResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 22);
+
+/**
+ * POST /api/apps/{app_name}/set-production?branch=.
+ *
+ * @generated from message platform.apps_builds.v1.SetProductionBranchRequest
+ */
+export type SetProductionBranchRequest = Message<"platform.apps_builds.v1.SetProductionBranchRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * The branch to promote (required).
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.SetProductionBranchRequest.
+ * Use `create(SetProductionBranchRequestSchema)` to create a new message.
+ */
+export const SetProductionBranchRequestSchema: GenMessage<SetProductionBranchRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 23);
+
+/**
+ * @generated from message platform.apps_builds.v1.SetProductionBranchResponse
+ */
+export type SetProductionBranchResponse = Message<"platform.apps_builds.v1.SetProductionBranchResponse"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * The production branch now.
+   *
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * The production branch before the call (the same branch for a no-op); absent when the app had none.
+   *
+   * @generated from field: optional string previous_production_branch = 3;
+   */
+  previousProductionBranch?: string | undefined;
+
+  /**
+   * False when the branch already was production (nothing written).
+   *
+   * @generated from field: bool changed = 4;
+   */
+  changed: boolean;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.SetProductionBranchResponse.
+ * Use `create(SetProductionBranchResponseSchema)` to create a new message.
+ */
+export const SetProductionBranchResponseSchema: GenMessage<SetProductionBranchResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 24);
+
+/**
+ * GET /api/apps/{app_name}/config?branch=.
+ *
+ * @generated from message platform.apps_builds.v1.GetAppConfigRequest
+ */
+export type GetAppConfigRequest = Message<"platform.apps_builds.v1.GetAppConfigRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: the production branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.GetAppConfigRequest.
+ * Use `create(GetAppConfigRequestSchema)` to create a new message.
+ */
+export const GetAppConfigRequestSchema: GenMessage<GetAppConfigRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 25);
+
+/**
+ * The config layers of one app branch.
+ *
+ * @generated from message platform.apps_builds.v1.AppConfigLayers
+ */
+export type AppConfigLayers = Message<"platform.apps_builds.v1.AppConfigLayers"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string config_path = 3;
+   */
+  configPath: string;
+
+  /**
+   * The repository's config as last read; absent when none has been read.
+   *
+   * @generated from field: google.protobuf.Struct base = 4;
+   */
+  base?: JsonObject | undefined;
+
+  /**
+   * Dashboard edits: {path: {value, base}}.
+   *
+   * @generated from field: google.protobuf.Struct overlay = 5;
+   */
+  overlay?: JsonObject | undefined;
+
+  /**
+   * The base with the overlay written over it; absent when there is no config at all.
+   *
+   * @generated from field: google.protobuf.Struct effective = 6;
+   */
+  effective?: JsonObject | undefined;
+
+  /**
+   * Leaf path of the effective config to "repository" or "dashboard".
+   *
+   * @generated from field: map<string, string> source_map = 7;
+   */
+  sourceMap: { [key: string]: string };
+
+  /**
+   * The effective config rendered as YAML; absent when there is no config or it cannot be rendered.
+   *
+   * @generated from field: optional string effective_yaml = 8;
+   */
+  effectiveYaml?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.AppConfigLayers.
+ * Use `create(AppConfigLayersSchema)` to create a new message.
+ */
+export const AppConfigLayersSchema: GenMessage<AppConfigLayers> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 26);
+
+/**
+ * PUT /api/apps/{app_name}/config?branch=.
+ *
+ * @generated from message platform.apps_builds.v1.SaveAppConfigRequest
+ */
+export type SaveAppConfigRequest = Message<"platform.apps_builds.v1.SaveAppConfigRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: the production branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * The body as the client sent it: exactly one of {config} (an object) or {config_yaml} (a
+   * string). Kept as JSON so that every refusal of the save pipeline is the service's.
+   *
+   * @generated from field: google.protobuf.Value body = 4;
+   */
+  body?: Value | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.SaveAppConfigRequest.
+ * Use `create(SaveAppConfigRequestSchema)` to create a new message.
+ */
+export const SaveAppConfigRequestSchema: GenMessage<SaveAppConfigRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 27);
+
+/**
+ * @generated from message platform.apps_builds.v1.SaveAppConfigResponse
+ */
+export type SaveAppConfigResponse = Message<"platform.apps_builds.v1.SaveAppConfigResponse"> & {
+  /**
+   * The stored overlay: {path: {value, base}}.
+   *
+   * @generated from field: google.protobuf.Struct overlay = 1;
+   */
+  overlay?: JsonObject | undefined;
+
+  /**
+   * @generated from field: repeated string changed_paths = 2;
+   */
+  changedPaths: string[];
+
+  /**
+   * @generated from field: bool applies_live = 3;
+   */
+  appliesLive: boolean;
+
+  /**
+   * @generated from field: bool requires_redeploy = 4;
+   */
+  requiresRedeploy: boolean;
+
+  /**
+   * The preflight re-queued by the save; absent when it could not be queued (the save stands).
+   *
+   * @generated from field: optional string preflight_action_id = 5;
+   */
+  preflightActionId?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.SaveAppConfigResponse.
+ * Use `create(SaveAppConfigResponseSchema)` to create a new message.
+ */
+export const SaveAppConfigResponseSchema: GenMessage<SaveAppConfigResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 28);
+
+/**
+ * The variables document of one app branch (doc 2 section 2.6).
+ *
+ * @generated from message platform.apps_builds.v1.Variables
+ */
+export type Variables = Message<"platform.apps_builds.v1.Variables"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: map<string, string> variables = 3;
+   */
+  variables: { [key: string]: string };
+
+  /**
+   * The stamp of the whole document: absent while the branch has no variables. ISO 8601 with
+   * milliseconds; it changes with every write that changes the document.
+   *
+   * @generated from field: optional string updated_at = 4;
+   */
+  updatedAt?: string | undefined;
+
+  /**
+   * @generated from field: optional string updated_by = 5;
+   */
+  updatedBy?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.Variables.
+ * Use `create(VariablesSchema)` to create a new message.
+ */
+export const VariablesSchema: GenMessage<Variables> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 29);
+
+/**
+ * GET /api/vars/{app_name}?branch=.
+ *
+ * @generated from message platform.apps_builds.v1.GetVariablesRequest
+ */
+export type GetVariablesRequest = Message<"platform.apps_builds.v1.GetVariablesRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: main.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.GetVariablesRequest.
+ * Use `create(GetVariablesRequestSchema)` to create a new message.
+ */
+export const GetVariablesRequestSchema: GenMessage<GetVariablesRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 30);
+
+/**
+ * PUT /api/vars/{app_name}: merged into the branch's variables.
+ *
+ * @generated from message platform.apps_builds.v1.PutVariablesRequest
+ */
+export type PutVariablesRequest = Message<"platform.apps_builds.v1.PutVariablesRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: main.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: map<string, string> variables = 4;
+   */
+  variables: { [key: string]: string };
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.PutVariablesRequest.
+ * Use `create(PutVariablesRequestSchema)` to create a new message.
+ */
+export const PutVariablesRequestSchema: GenMessage<PutVariablesRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 31);
+
+/**
+ * DELETE /api/vars/{app_name}: removes one key.
+ *
+ * @generated from message platform.apps_builds.v1.DeleteVariableRequest
+ */
+export type DeleteVariableRequest = Message<"platform.apps_builds.v1.DeleteVariableRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: main.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string key = 4;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.DeleteVariableRequest.
+ * Use `create(DeleteVariableRequestSchema)` to create a new message.
+ */
+export const DeleteVariableRequestSchema: GenMessage<DeleteVariableRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 32);
+
+/**
+ * GET /api/vars/{app_name}/copy-preview?from=&branch=.
+ *
+ * @generated from message platform.apps_builds.v1.PreviewVariablesCopyRequest
+ */
+export type PreviewVariablesCopyRequest = Message<"platform.apps_builds.v1.PreviewVariablesCopyRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * The destination; empty: main.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string source_branch = 4;
+   */
+  sourceBranch: string;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.PreviewVariablesCopyRequest.
+ * Use `create(PreviewVariablesCopyRequestSchema)` to create a new message.
+ */
+export const PreviewVariablesCopyRequestSchema: GenMessage<PreviewVariablesCopyRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 33);
+
+/**
+ * What a copy would do, key names only.
+ *
+ * @generated from message platform.apps_builds.v1.VariablesCopyPreview
+ */
+export type VariablesCopyPreview = Message<"platform.apps_builds.v1.VariablesCopyPreview"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string source_branch = 3;
+   */
+  sourceBranch: string;
+
+  /**
+   * Source keys the destination lacks.
+   *
+   * @generated from field: repeated string new_keys = 4;
+   */
+  newKeys: string[];
+
+  /**
+   * Source keys the destination has with the same value.
+   *
+   * @generated from field: repeated string identical_keys = 5;
+   */
+  identicalKeys: string[];
+
+  /**
+   * Source keys the destination has with another value.
+   *
+   * @generated from field: repeated string conflict_keys = 6;
+   */
+  conflictKeys: string[];
+
+  /**
+   * Absent when the destination has no variables.
+   *
+   * @generated from field: optional string destination_updated_at = 7;
+   */
+  destinationUpdatedAt?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.VariablesCopyPreview.
+ * Use `create(VariablesCopyPreviewSchema)` to create a new message.
+ */
+export const VariablesCopyPreviewSchema: GenMessage<VariablesCopyPreview> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 34);
+
+/**
+ * POST /api/vars/{app_name}/copy-from-branch.
+ *
+ * @generated from message platform.apps_builds.v1.CopyVariablesFromBranchRequest
+ */
+export type CopyVariablesFromBranchRequest = Message<"platform.apps_builds.v1.CopyVariablesFromBranchRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * The destination branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string source_branch = 4;
+   */
+  sourceBranch: string;
+
+  /**
+   * skip (default) or overwrite.
+   *
+   * @generated from field: string on_conflict = 5;
+   */
+  onConflict: string;
+
+  /**
+   * Copy only these source keys; empty: every key of the source.
+   *
+   * @generated from field: repeated string keys = 6;
+   */
+  keys: string[];
+
+  /**
+   * The preview's destination_updated_at, exactly as previewed; absent when it was null.
+   *
+   * @generated from field: optional string expected_updated_at = 7;
+   */
+  expectedUpdatedAt?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.CopyVariablesFromBranchRequest.
+ * Use `create(CopyVariablesFromBranchRequestSchema)` to create a new message.
+ */
+export const CopyVariablesFromBranchRequestSchema: GenMessage<CopyVariablesFromBranchRequest> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 35);
+
+/**
+ * @generated from message platform.apps_builds.v1.CopyVariablesFromBranchResponse
+ */
+export type CopyVariablesFromBranchResponse = Message<"platform.apps_builds.v1.CopyVariablesFromBranchResponse"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string source_branch = 3;
+   */
+  sourceBranch: string;
+
+  /**
+   * @generated from field: repeated string copied = 4;
+   */
+  copied: string[];
+
+  /**
+   * @generated from field: repeated string overwritten = 5;
+   */
+  overwritten: string[];
+
+  /**
+   * Conflicting keys kept (on_conflict skip) and keys whose value was already identical.
+   *
+   * @generated from field: repeated string skipped = 6;
+   */
+  skipped: string[];
+
+  /**
+   * Absent when the destination has no variables.
+   *
+   * @generated from field: optional string destination_updated_at = 7;
+   */
+  destinationUpdatedAt?: string | undefined;
+};
+
+/**
+ * Describes the message platform.apps_builds.v1.CopyVariablesFromBranchResponse.
+ * Use `create(CopyVariablesFromBranchResponseSchema)` to create a new message.
+ */
+export const CopyVariablesFromBranchResponseSchema: GenMessage<CopyVariablesFromBranchResponse> = /*@__PURE__*/
+  messageDesc(file_platform_apps_builds_v1_apps_builds, 36);
+
+/**
  * AppsBuildsService owns apps (per branch), their config layers, preflight state, builds and
  * variables.
  *
@@ -1000,6 +1653,82 @@ export const AppsBuildsService: GenService<{
     methodKind: "unary";
     input: typeof GetBuildByTagRequestSchema;
     output: typeof BuildSchema;
+  },
+  /**
+   * App settings (doc 1 section 4.4): PATCH, set-production and the config layers.
+   *
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.UpdateApp
+   */
+  updateApp: {
+    methodKind: "unary";
+    input: typeof UpdateAppRequestSchema;
+    output: typeof UpdateAppResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.SetProductionBranch
+   */
+  setProductionBranch: {
+    methodKind: "unary";
+    input: typeof SetProductionBranchRequestSchema;
+    output: typeof SetProductionBranchResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.GetAppConfig
+   */
+  getAppConfig: {
+    methodKind: "unary";
+    input: typeof GetAppConfigRequestSchema;
+    output: typeof AppConfigLayersSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.SaveAppConfig
+   */
+  saveAppConfig: {
+    methodKind: "unary";
+    input: typeof SaveAppConfigRequestSchema;
+    output: typeof SaveAppConfigResponseSchema;
+  },
+  /**
+   * Environment variables per app branch (doc 2 section 4.6).
+   *
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.GetVariables
+   */
+  getVariables: {
+    methodKind: "unary";
+    input: typeof GetVariablesRequestSchema;
+    output: typeof VariablesSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.PutVariables
+   */
+  putVariables: {
+    methodKind: "unary";
+    input: typeof PutVariablesRequestSchema;
+    output: typeof VariablesSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.DeleteVariable
+   */
+  deleteVariable: {
+    methodKind: "unary";
+    input: typeof DeleteVariableRequestSchema;
+    output: typeof VariablesSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.PreviewVariablesCopy
+   */
+  previewVariablesCopy: {
+    methodKind: "unary";
+    input: typeof PreviewVariablesCopyRequestSchema;
+    output: typeof VariablesCopyPreviewSchema;
+  },
+  /**
+   * @generated from rpc platform.apps_builds.v1.AppsBuildsService.CopyVariablesFromBranch
+   */
+  copyVariablesFromBranch: {
+    methodKind: "unary";
+    input: typeof CopyVariablesFromBranchRequestSchema;
+    output: typeof CopyVariablesFromBranchResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_platform_apps_builds_v1_apps_builds, 0);

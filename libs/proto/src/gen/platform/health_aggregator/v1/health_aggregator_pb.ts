@@ -2,19 +2,262 @@
 // @generated from file platform/health_aggregator/v1/health_aggregator.proto (package platform.health_aggregator.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
+import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Caller, ReadinessRequestSchema, ReadinessResponseSchema } from "../../common/v1/common_pb.ts";
 import { file_platform_common_v1_common } from "../../common/v1/common_pb.ts";
+import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file platform/health_aggregator/v1/health_aggregator.proto.
  */
 export const file_platform_health_aggregator_v1_health_aggregator: GenFile = /*@__PURE__*/
-  fileDesc("CjVwbGF0Zm9ybS9oZWFsdGhfYWdncmVnYXRvci92MS9oZWFsdGhfYWdncmVnYXRvci5wcm90bxIdcGxhdGZvcm0uaGVhbHRoX2FnZ3JlZ2F0b3IudjEycwoXSGVhbHRoQWdncmVnYXRvclNlcnZpY2USWAoJUmVhZGluZXNzEiQucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1JlcXVlc3QaJS5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVzcG9uc2ViBnByb3RvMw", [file_platform_common_v1_common]);
+  fileDesc("CjVwbGF0Zm9ybS9oZWFsdGhfYWdncmVnYXRvci92MS9oZWFsdGhfYWdncmVnYXRvci5wcm90bxIdcGxhdGZvcm0uaGVhbHRoX2FnZ3JlZ2F0b3IudjEiqAMKBkxvZ1JvdxIKCgJpZBgBIAEoAxIRCgl0aW1lc3RhbXAYAiABKAkSDgoGc291cmNlGAMgASgJEg0KBWxldmVsGAQgASgJEhUKCGFwcF9uYW1lGAUgASgJSACIAQESGQoMc2VydmljZV9uYW1lGAYgASgJSAGIAQESGgoNZGVwbG95bWVudF9pZBgHIAEoCUgCiAEBEhUKCGJ1aWxkX2lkGAggASgJSAOIAQESFgoJYWN0aW9uX2lkGAkgASgJSASIAQESGAoLaW5zdGFuY2VfaWQYCiABKAlIBYgBARIPCgdtZXNzYWdlGAsgASgJEhUKDW1ldGFkYXRhX2pzb24YDCABKAkSEwoGYnJhbmNoGA0gASgJSAaIAQESFwoKZ3JvdXBfc2x1ZxgOIAEoCUgHiAEBQgsKCV9hcHBfbmFtZUIPCg1fc2VydmljZV9uYW1lQhAKDl9kZXBsb3ltZW50X2lkQgsKCV9idWlsZF9pZEIMCgpfYWN0aW9uX2lkQg4KDF9pbnN0YW5jZV9pZEIJCgdfYnJhbmNoQg0KC19ncm91cF9zbHVnIsYCChBRdWVyeUxvZ3NSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGc291cmNlGAMgASgJEhQKDHNlcnZpY2VfbmFtZRgEIAEoCRIVCg1kZXBsb3ltZW50X2lkGAUgASgJEhAKCGJ1aWxkX2lkGAYgASgJEhEKCWFjdGlvbl9pZBgHIAEoCRINCgVsZXZlbBgIIAEoCRIOCgZzZWFyY2gYCSABKAkSDQoFc2luY2UYCiABKAkSEgoFbGltaXQYCyABKAVIAIgBARITCgZvZmZzZXQYDCABKAVIAYgBARIOCgZicmFuY2gYDSABKAkSFgoOZXhwbGljaXRfZ3JvdXAYDiABKAhCCAoGX2xpbWl0QgkKB19vZmZzZXQihwEKEVF1ZXJ5TG9nc1Jlc3BvbnNlEjMKBGxvZ3MYASADKAsyJS5wbGF0Zm9ybS5oZWFsdGhfYWdncmVnYXRvci52MS5Mb2dSb3cSDQoFdG90YWwYAiABKAUSEAoIaGFzX21vcmUYAyABKAgSEgoFZXJyb3IYBCABKAlIAIgBAUIICgZfZXJyb3Iy4wEKF0hlYWx0aEFnZ3JlZ2F0b3JTZXJ2aWNlElgKCVJlYWRpbmVzcxIkLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXF1ZXN0GiUucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1Jlc3BvbnNlEm4KCVF1ZXJ5TG9ncxIvLnBsYXRmb3JtLmhlYWx0aF9hZ2dyZWdhdG9yLnYxLlF1ZXJ5TG9nc1JlcXVlc3QaMC5wbGF0Zm9ybS5oZWFsdGhfYWdncmVnYXRvci52MS5RdWVyeUxvZ3NSZXNwb25zZWIGcHJvdG8z", [file_platform_common_v1_common]);
 
 /**
- * HealthAggregatorService: only readiness until its capabilities land.
+ * LogRow is one stored log line (spec doc 1 section 2.6). Optional fields are absent when the
+ * line did not carry them (null in the API).
+ *
+ * @generated from message platform.health_aggregator.v1.LogRow
+ */
+export type LogRow = Message<"platform.health_aggregator.v1.LogRow"> & {
+  /**
+   * Storage order; an integer in the API.
+   *
+   * @generated from field: int64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * ISO 8601.
+   *
+   * @generated from field: string timestamp = 2;
+   */
+  timestamp: string;
+
+  /**
+   * agent, deploy, build, container or backup.
+   *
+   * @generated from field: string source = 3;
+   */
+  source: string;
+
+  /**
+   * info, warning or error.
+   *
+   * @generated from field: string level = 4;
+   */
+  level: string;
+
+  /**
+   * @generated from field: optional string app_name = 5;
+   */
+  appName?: string | undefined;
+
+  /**
+   * @generated from field: optional string service_name = 6;
+   */
+  serviceName?: string | undefined;
+
+  /**
+   * @generated from field: optional string deployment_id = 7;
+   */
+  deploymentId?: string | undefined;
+
+  /**
+   * @generated from field: optional string build_id = 8;
+   */
+  buildId?: string | undefined;
+
+  /**
+   * @generated from field: optional string action_id = 9;
+   */
+  actionId?: string | undefined;
+
+  /**
+   * The host that shipped the line.
+   *
+   * @generated from field: optional string instance_id = 10;
+   */
+  instanceId?: string | undefined;
+
+  /**
+   * @generated from field: string message = 11;
+   */
+  message: string;
+
+  /**
+   * The line's metadata object, as JSON text (kept as text so numbers survive unchanged).
+   *
+   * @generated from field: string metadata_json = 12;
+   */
+  metadataJson: string;
+
+  /**
+   * @generated from field: optional string branch = 13;
+   */
+  branch?: string | undefined;
+
+  /**
+   * @generated from field: optional string group_slug = 14;
+   */
+  groupSlug?: string | undefined;
+};
+
+/**
+ * Describes the message platform.health_aggregator.v1.LogRow.
+ * Use `create(LogRowSchema)` to create a new message.
+ */
+export const LogRowSchema: GenMessage<LogRow> = /*@__PURE__*/
+  messageDesc(file_platform_health_aggregator_v1_health_aggregator, 0);
+
+/**
+ * @generated from message platform.health_aggregator.v1.QueryLogsRequest
+ */
+export type QueryLogsRequest = Message<"platform.health_aggregator.v1.QueryLogsRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * Omitted: a tenant sees only its group's lines, an operator every group's (or the group it
+   * selected explicitly).
+   *
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * agent, deploy, build, container or backup; empty: every source.
+   *
+   * @generated from field: string source = 3;
+   */
+  source: string;
+
+  /**
+   * @generated from field: string service_name = 4;
+   */
+  serviceName: string;
+
+  /**
+   * Hex-or-hyphen ids. Supplying one identifies the owning app: app_name and branch are ignored.
+   *
+   * @generated from field: string deployment_id = 5;
+   */
+  deploymentId: string;
+
+  /**
+   * @generated from field: string build_id = 6;
+   */
+  buildId: string;
+
+  /**
+   * @generated from field: string action_id = 7;
+   */
+  actionId: string;
+
+  /**
+   * info, warning or error; empty: every level.
+   *
+   * @generated from field: string level = 8;
+   */
+  level: string;
+
+  /**
+   * Full-text search over message (every word must appear).
+   *
+   * @generated from field: string search = 9;
+   */
+  search: string;
+
+  /**
+   * Relative window: 30s, 30m, 1h, 24h, 7d, 2w; empty: 1h.
+   *
+   * @generated from field: string since = 10;
+   */
+  since: string;
+
+  /**
+   * 1-1000; absent: 100.
+   *
+   * @generated from field: optional int32 limit = 11;
+   */
+  limit?: number | undefined;
+
+  /**
+   * >= 0; absent: 0.
+   *
+   * @generated from field: optional int32 offset = 12;
+   */
+  offset?: number | undefined;
+
+  /**
+   * Only scopes the access check: it never filters lines.
+   *
+   * @generated from field: string branch = 13;
+   */
+  branch: string;
+
+  /**
+   * The caller named its group (?group= or X-Platform-Group): operators then see that group only.
+   *
+   * @generated from field: bool explicit_group = 14;
+   */
+  explicitGroup: boolean;
+};
+
+/**
+ * Describes the message platform.health_aggregator.v1.QueryLogsRequest.
+ * Use `create(QueryLogsRequestSchema)` to create a new message.
+ */
+export const QueryLogsRequestSchema: GenMessage<QueryLogsRequest> = /*@__PURE__*/
+  messageDesc(file_platform_health_aggregator_v1_health_aggregator, 1);
+
+/**
+ * @generated from message platform.health_aggregator.v1.QueryLogsResponse
+ */
+export type QueryLogsResponse = Message<"platform.health_aggregator.v1.QueryLogsResponse"> & {
+  /**
+   * Newest first (timestamp, then id).
+   *
+   * @generated from field: repeated platform.health_aggregator.v1.LogRow logs = 1;
+   */
+  logs: LogRow[];
+
+  /**
+   * Lines matching the filters. Counting stops past max(10000, offset + limit): a larger match
+   * reports that bound plus one, a lower bound (has_more stays exact).
+   *
+   * @generated from field: int32 total = 2;
+   */
+  total: number;
+
+  /**
+   * offset + len(logs) < total.
+   *
+   * @generated from field: bool has_more = 3;
+   */
+  hasMore: boolean;
+
+  /**
+   * Set, with empty logs, when the log store is unreachable.
+   *
+   * @generated from field: optional string error = 4;
+   */
+  error?: string | undefined;
+};
+
+/**
+ * Describes the message platform.health_aggregator.v1.QueryLogsResponse.
+ * Use `create(QueryLogsResponseSchema)` to create a new message.
+ */
+export const QueryLogsResponseSchema: GenMessage<QueryLogsResponse> = /*@__PURE__*/
+  messageDesc(file_platform_health_aggregator_v1_health_aggregator, 2);
+
+/**
+ * HealthAggregatorService owns the log store (and, as their issues land, incidents, uptime
+ * checks, OOM events, warnings and the health summary).
  *
  * @generated from service platform.health_aggregator.v1.HealthAggregatorService
  */
@@ -26,6 +269,16 @@ export const HealthAggregatorService: GenService<{
     methodKind: "unary";
     input: typeof ReadinessRequestSchema;
     output: typeof ReadinessResponseSchema;
+  },
+  /**
+   * GET /api/logs (spec doc 1 section 4.6).
+   *
+   * @generated from rpc platform.health_aggregator.v1.HealthAggregatorService.QueryLogs
+   */
+  queryLogs: {
+    methodKind: "unary";
+    input: typeof QueryLogsRequestSchema;
+    output: typeof QueryLogsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_platform_health_aggregator_v1_health_aggregator, 0);

@@ -1,0 +1,145 @@
+/** GET /api/logs (spec doc 1 section 4.6), answered by health-aggregator's log store. */
+import type { FastifyInstance } from "fastify";
+import type { Client } from "@connectrpc/connect";
+import type { HealthAggregatorService, LogRow } from "@platform/proto";
+import { callerOf } from "../access.ts";
+import { authErrors, commonQuery } from "../schemas.ts";
+
+const SOURCES = ["agent", "deploy", "build", "container", "backup"] as const;
+const LEVELS = ["info", "warning", "error"] as const;
+const nullableString = { type: ["string", "null"] } as const;
+const idParam = (what: string) =>
+  ({
+    type: "string",
+    description: `Hex digits and hyphens only. Identifies the owning app: app_name and branch are then ignored. An id you cannot see gives an empty result, like an unknown one. (${what})`,
+  }) as const;
+
+const logRowSchema = {
+  type: "object",
+  description: "A log line (doc 1 section 2.6).",
+  properties: {
+    id: { type: "integer" },
+    timestamp: { type: "string", format: "date-time" },
+    source: { type: "string", enum: SOURCES },
+    level: { type: "string", enum: LEVELS },
+    app_name: nullableString,
+    service_name: nullableString,
+    deployment_id: nullableString,
+    build_id: nullableString,
+    action_id: nullableString,
+    instance_id: nullableString,
+    message: { type: "string" },
+    metadata: { type: "object", additionalProperties: true },
+  },
+  required: ["id", "timestamp", "source", "level", "app_name", "service_name", "deployment_id", "build_id", "action_id", "instance_id", "message", "metadata"],
+} as const;
+
+const orNull = (v: string | undefined) => v ?? null;
+
+function rowJson(r: LogRow) {
+  return {
+    id: Number(r.id),
+    timestamp: r.timestamp,
+    source: r.source,
+    level: r.level,
+    app_name: orNull(r.appName),
+    service_name: orNull(r.serviceName),
+    deployment_id: orNull(r.deploymentId),
+    build_id: orNull(r.buildId),
+    action_id: orNull(r.actionId),
+    instance_id: orNull(r.instanceId),
+    message: r.message,
+    metadata: r.metadataJson ? (JSON.parse(r.metadataJson) as Record<string, unknown>) : {},
+  };
+}
+
+interface LogsQuery {
+  app_name?: string;
+  source?: string;
+  service_name?: string;
+  deployment_id?: string;
+  build_id?: string;
+  action_id?: string;
+  level?: string;
+  search?: string;
+  since?: string;
+  limit: number;
+  offset: number;
+  branch?: string;
+}
+
+export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggregatorService>): void {
+  app.get(
+    "/api/logs",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["logs"],
+        summary: "Log lines, newest first. Plain polling: a follow client asks again with a narrower since.",
+        description:
+          "Without app_name a tenant reads its group's lines; operators read every group's unless they select one. " +
+          "Source semantics: `agent`, `backup` and `container` match that source exactly; `deploy` matches deploy lines and agent lines " +
+          "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds in the window (or of build_id). " +
+          "`total` is exact up to 10 000 (or offset + limit when larger); past that it reports that bound plus one, and has_more stays exact. " +
+          "When the log store is unreachable the answer is still 200: empty logs and an `error` text.",
+        querystring: {
+          type: "object",
+          properties: {
+            ...commonQuery,
+            app_name: { type: "string", description: "Slug or canonical name. Omitted: every app you may read." },
+            source: { type: "string", enum: SOURCES },
+            service_name: { type: "string" },
+            deployment_id: idParam("deployment"),
+            build_id: idParam("build"),
+            action_id: idParam("queue action"),
+            level: { type: "string", enum: LEVELS },
+            search: { type: "string", description: "Full-text search over message: every word must appear." },
+            since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w (at most 365d)." },
+            limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
+            offset: { type: "integer", minimum: 0, default: 0 },
+            branch: { type: "string", description: "Only scopes the access check of app_name: lines are not filtered by it." },
+          },
+        },
+        response: {
+          200: {
+            type: "object",
+            properties: {
+              logs: { type: "array", items: logRowSchema },
+              total: { type: "integer" },
+              has_more: { type: "boolean" },
+              error: { type: "string", description: "Present, with empty logs, when the log store is unreachable." },
+            },
+            required: ["logs", "total", "has_more"],
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const q = request.query as LogsQuery;
+      const r = await health.queryLogs({
+        caller: callerOf(request),
+        appName: q.app_name ?? "",
+        source: q.source ?? "",
+        serviceName: q.service_name ?? "",
+        deploymentId: q.deployment_id ?? "",
+        buildId: q.build_id ?? "",
+        actionId: q.action_id ?? "",
+        level: q.level ?? "",
+        search: q.search ?? "",
+        since: q.since ?? "",
+        limit: q.limit,
+        offset: q.offset,
+        branch: q.branch ?? "",
+        explicitGroup: request.explicitGroup,
+      });
+      const body: { logs: ReturnType<typeof rowJson>[]; total: number; has_more: boolean; error?: string } = {
+        logs: r.logs.map(rowJson),
+        total: r.total,
+        has_more: r.hasMore,
+      };
+      if (r.error !== undefined) body.error = r.error;
+      return body;
+    },
+  );
+}

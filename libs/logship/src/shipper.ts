@@ -1,0 +1,236 @@
+/**
+ * LogShipper: how an agent ships log lines. `ship()` validates a line, stamps it with an id and
+ * buffers it, and returns at once; a flush every 200 ms (or as soon as 100 lines wait) publishes
+ * the buffer as batches, one JetStream message (a JSON array) per `logs.<app>.<source>` subject
+ * and at most 100 lines or 512 KiB. A publish that fails keeps its batch, with the same message
+ * id, for the next flush; JetStream drops the copy if the first attempt had landed after all,
+ * and health-aggregator stores each line id once in any case. Past `maxBuffered` waiting lines,
+ * new lines are dropped and counted: logging never blocks or exhausts the agent.
+ */
+import { randomUUID } from "node:crypto";
+import { subjects, type Bus } from "@platform/bus";
+import type { Logger } from "@platform/logger";
+import { validateLogLine, type LogLevel, type LogSource, type ValidLogLine } from "./line.ts";
+
+/** What a caller hands to `ship()`: `ts` defaults to now, `level` to info. */
+export interface LogLineInput {
+  ts?: string | Date;
+  source: LogSource;
+  level?: LogLevel;
+  app_name?: string | null;
+  branch?: string | null;
+  group_slug?: string | null;
+  service_name?: string | null;
+  deployment_id?: string | null;
+  build_id?: string | null;
+  action_id?: string | null;
+  instance_id?: string | null;
+  message: string;
+  metadata?: Record<string, unknown>;
+}
+
+export interface LogShipperOptions {
+  /** Only `js` and `subject` are used. */
+  bus: Pick<Bus, "js" | "subject">;
+  /** Fields every line gets unless it sets them, e.g. `{ instance_id: hostId }`. */
+  defaults?: Partial<Pick<LogLineInput, "instance_id" | "app_name" | "branch" | "group_slug" | "service_name">>;
+  /** Publish at least this often (default 200 ms). */
+  flushIntervalMs?: number;
+  /** Publish as soon as this many lines wait, and at most this many per message (default 100). */
+  batchLines?: number;
+  /** Lines that may wait (default 10 000); beyond, new lines are dropped and counted. */
+  maxBuffered?: number;
+  /** Largest message payload (default 512 KiB, under the NATS default of 1 MiB). */
+  maxBatchBytes?: number;
+  logger?: Logger;
+}
+
+export interface LogShipperStats {
+  /** Lines waiting to be published. */
+  buffered: number;
+  /** Lines JetStream acknowledged. */
+  published: number;
+  /** Lines refused because the buffer was full. */
+  dropped: number;
+  /** Lines refused by validation. */
+  invalid: number;
+  /** Publish attempts that failed (their lines stay buffered). */
+  publishFailures: number;
+}
+
+interface Batch {
+  subject: string;
+  msgId: string;
+  lines: ValidLogLine[];
+  body: string;
+}
+
+export class LogShipper {
+  readonly #bus: Pick<Bus, "js" | "subject">;
+  readonly #defaults: LogShipperOptions["defaults"];
+  readonly #batchLines: number;
+  readonly #maxBuffered: number;
+  readonly #maxBatchBytes: number;
+  readonly #logger: Logger | undefined;
+  readonly #timer: NodeJS.Timeout;
+  /** Lines not yet in a batch. */
+  #pending: ValidLogLine[] = [];
+  /** Batches formed but not yet acknowledged (retried first, with the same message id). */
+  #batches: Batch[] = [];
+  #batchedLines = 0;
+  #flushing: Promise<void> | null = null;
+  #again = false;
+  #closed = false;
+  #lastFailureLog = 0;
+  #stats = { published: 0, dropped: 0, invalid: 0, publishFailures: 0 };
+
+  constructor(opts: LogShipperOptions) {
+    this.#bus = opts.bus;
+    this.#defaults = opts.defaults;
+    this.#batchLines = opts.batchLines ?? 100;
+    this.#maxBuffered = opts.maxBuffered ?? 10_000;
+    this.#maxBatchBytes = opts.maxBatchBytes ?? 512 * 1024;
+    this.#logger = opts.logger;
+    this.#timer = setInterval(() => void this.flush(), opts.flushIntervalMs ?? 200);
+    this.#timer.unref();
+  }
+
+  /**
+   * Buffers one line; never waits. False when the line was dropped (buffer full, shipper closed)
+   * or refused by validation.
+   */
+  ship(input: LogLineInput): boolean {
+    if (this.#closed || this.buffered >= this.#maxBuffered) {
+      this.#stats.dropped++;
+      return false;
+    }
+    const result = validateLogLine({
+      ...this.#defaults,
+      ...stripUndefined(input),
+      id: randomUUID(),
+      ts: input.ts ?? new Date().toISOString(),
+      level: input.level ?? "info",
+    });
+    if (!result.ok) {
+      this.#stats.invalid++;
+      this.#logger?.warn({ error: result.error }, "log line refused");
+      return false;
+    }
+    this.#pending.push(result.line);
+    if (this.#pending.length >= this.#batchLines) void this.flush();
+    return true;
+  }
+
+  /** Lines waiting to be published. */
+  get buffered(): number {
+    return this.#pending.length + this.#batchedLines;
+  }
+
+  /** Lines dropped because the buffer was full or the shipper closed. */
+  get dropped(): number {
+    return this.#stats.dropped;
+  }
+
+  stats(): LogShipperStats {
+    return { buffered: this.buffered, ...this.#stats };
+  }
+
+  /**
+   * Publishes what waits. Resolves when this attempt is over: everything published, or a
+   * publish failed and its batch stays buffered for the next flush.
+   */
+  flush(): Promise<void> {
+    if (this.#flushing) {
+      this.#again = true;
+      return this.#flushing;
+    }
+    this.#flushing = (async () => {
+      try {
+        do {
+          this.#again = false;
+          if (!(await this.#publishAll())) break;
+        } while (this.#again);
+      } finally {
+        this.#flushing = null;
+      }
+    })();
+    return this.#flushing;
+  }
+
+  /** Stops the timer and publishes what waits (once); later lines are dropped. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    clearInterval(this.#timer);
+    await this.flush();
+  }
+
+  /** False when a publish failed (stop for now; the next flush retries). */
+  async #publishAll(): Promise<boolean> {
+    this.#formBatches();
+    while (this.#batches.length > 0) {
+      const batch = this.#batches[0]!;
+      try {
+        await this.#bus.js.publish(batch.subject, batch.body, { msgID: batch.msgId });
+      } catch (err) {
+        this.#stats.publishFailures++;
+        if (Date.now() - this.#lastFailureLog > 10_000) {
+          this.#lastFailureLog = Date.now();
+          this.#logger?.warn({ err, subject: batch.subject, buffered: this.buffered }, "could not publish log lines; will retry");
+        }
+        return false;
+      }
+      this.#batches.shift();
+      this.#batchedLines -= batch.lines.length;
+      this.#stats.published += batch.lines.length;
+      if (this.#pending.length > 0) this.#formBatches();
+    }
+    return true;
+  }
+
+  /** Moves pending lines into batches: per subject, at most `batchLines` lines and `maxBatchBytes`. */
+  #formBatches(): void {
+    if (this.#pending.length === 0) return;
+    const bySubject = new Map<string, ValidLogLine[]>();
+    for (const line of this.#pending) {
+      const subject = this.#bus.subject(subjects.logs(subjectToken(line.app_name), line.source));
+      let group = bySubject.get(subject);
+      if (!group) bySubject.set(subject, (group = []));
+      group.push(line);
+    }
+    this.#pending = [];
+    for (const [subject, lines] of bySubject) {
+      let chunk: string[] = [];
+      let chunkLines: ValidLogLine[] = [];
+      let bytes = 2;
+      const close = () => {
+        if (chunk.length === 0) return;
+        this.#batches.push({ subject, msgId: randomUUID(), lines: chunkLines, body: `[${chunk.join(",")}]` });
+        this.#batchedLines += chunkLines.length;
+        chunk = [];
+        chunkLines = [];
+        bytes = 2;
+      };
+      for (const line of lines) {
+        const json = JSON.stringify(line);
+        const size = Buffer.byteLength(json) + 1;
+        if (chunk.length >= this.#batchLines || (chunk.length > 0 && bytes + size > this.#maxBatchBytes)) close();
+        chunk.push(json);
+        chunkLines.push(line);
+        bytes += size;
+      }
+      close();
+    }
+  }
+}
+
+/** An app name as one subject token: NATS wildcards, separators and whitespace become `_`. */
+export function subjectToken(name: string | null): string {
+  if (!name) return "";
+  return name.replace(/[.*>\s]/g, "_");
+}
+
+function stripUndefined<T extends object>(value: T): Partial<T> {
+  const out: Partial<T> = {};
+  for (const [k, v] of Object.entries(value)) if (v !== undefined) (out as Record<string, unknown>)[k] = v;
+  return out;
+}

@@ -1,0 +1,65 @@
+/** Connect handlers for app settings (doc 1 section 4.4): PATCH, set-production, config layers. */
+import { toJson, type JsonObject } from "@bufbuild/protobuf";
+import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
+import { requireCaller } from "@platform/caller";
+import { readConfigLayers, saveAppConfig, setProductionBranch, updateApp } from "./domain/app-settings.ts";
+import type { Overlay } from "./domain/overlay.ts";
+import { appMsg, type AppsBuildsContext, type Handlers } from "./rpc.ts";
+
+/** A JSON body carried as a `google.protobuf.Value`; undefined when none was sent. */
+const bodyOf = (value: Value | undefined): unknown => (value ? toJson(ValueSchema, value) : undefined);
+
+/** An overlay as a `google.protobuf.Struct`: `{path: {value, base}}`. */
+function overlayJson(overlay: Overlay): JsonObject {
+  return Object.fromEntries(Object.entries(overlay).map(([path, entry]) => [path, { value: entry.value, base: entry.base }]));
+}
+
+export function settingsHandlers(ctx: AppsBuildsContext): Handlers {
+  return {
+    async updateApp(req) {
+      const caller = requireCaller(req.caller);
+      const body = bodyOf(req.patch);
+      const r = await ctx.write((em) => updateApp(em, caller, req.appName, req.branch || undefined, body));
+      return { app: appMsg(r.app), preflightActionId: r.preflightActionId ?? undefined };
+    },
+
+    async setProductionBranch(req) {
+      const caller = requireCaller(req.caller);
+      const r = await ctx.write((em) => setProductionBranch(em, caller, req.appName, req.branch));
+      return {
+        appName: r.appName,
+        branch: r.branch,
+        previousProductionBranch: r.previousProductionBranch ?? undefined,
+        changed: r.changed,
+      };
+    },
+
+    async getAppConfig(req) {
+      const caller = requireCaller(req.caller);
+      const layers = await ctx.read((em) => readConfigLayers(em, caller, req.appName, req.branch || undefined));
+      return {
+        appName: layers.appName,
+        branch: layers.branch,
+        configPath: layers.configPath,
+        base: layers.base ?? undefined,
+        overlay: overlayJson(layers.overlay),
+        effective: layers.effective ?? undefined,
+        sourceMap: layers.sourceMap,
+        effectiveYaml: layers.effectiveYaml ?? undefined,
+      };
+    },
+
+    async saveAppConfig(req) {
+      const caller = requireCaller(req.caller);
+      const body = bodyOf(req.body);
+      const r = await ctx.write((em) => saveAppConfig(em, caller, req.appName, req.branch || undefined, body));
+      return {
+        overlay: overlayJson(r.overlay),
+        changedPaths: r.changedPaths,
+        appliesLive: r.appliesLive,
+        requiresRedeploy: r.requiresRedeploy,
+        preflightActionId: r.preflightActionId,
+      };
+    },
+  };
+}

@@ -1,0 +1,595 @@
+/**
+ * App settings against the real Postgres and NATS (spec doc 1 section 4.4): PATCH of an app
+ * branch, set-production, and the config layers (GET and PUT config), through apps-builds'
+ * Connect API; then the gateway's routes for them, over the same running service.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import Fastify, { type FastifyInstance } from "fastify";
+import { fromJson, type JsonValue } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import { appsBuildsEnv, loadConfig } from "@platform/config";
+import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { AppsBuildsService } from "@platform/proto";
+import { makeCaller, type Caller } from "@platform/caller";
+import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
+import { createLogger } from "@platform/logger";
+import { parseAppConfigYaml } from "@platform/app-config";
+import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import type { RunningService } from "@platform/service";
+import { build } from "../src/app.ts";
+import { App } from "../src/entities/index.ts";
+import { PATCH_FIELDS, SEED_REFERENCE_MAX } from "../src/domain/app-settings.ts";
+// The gateway's routes for these capabilities, mounted over this service in the last block.
+import { appSettingsRoutes } from "../../../gateway/src/routes/app-settings.ts";
+import { registerErrorHandling } from "../../../gateway/src/errors.ts";
+import { sharedSchemas } from "../../../gateway/src/schemas.ts";
+
+const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
+const REPOSITORY = "https://example.com/acme/web.git";
+
+let databaseUrl: string;
+let prefix: string;
+let service: RunningService;
+let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
+let bus: Bus;
+const preflights: EventEnvelope[] = [];
+
+const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
+const globex: Caller = makeCaller({ kind: "api_key", principalId: "k-globex", scope: "deploy", visibleGroups: ["globex"], selectedGroup: "globex" });
+
+async function refusal(p: Promise<unknown>) {
+  try {
+    await p;
+  } catch (err) {
+    const e = platformErrorOf(err);
+    if (e) return { status: e.status, detail: e.detail as any };
+    throw err;
+  }
+  throw new Error("expected a refusal");
+}
+
+const json = (value: unknown) => fromJson(ValueSchema, value as JsonValue);
+
+function patch(body: unknown, opts: { app?: string; branch?: string; caller?: Caller } = {}) {
+  return client.updateApp({ caller: opts.caller ?? acme, appName: opts.app ?? "web", branch: opts.branch ?? "main", patch: json(body) });
+}
+
+function save(body: unknown, opts: { app?: string; branch?: string; caller?: Caller } = {}) {
+  return client.saveAppConfig({ caller: opts.caller ?? acme, appName: opts.app ?? "web", branch: opts.branch ?? "main", body: json(body) });
+}
+
+function layers(opts: { app?: string; branch?: string; caller?: Caller } = {}) {
+  return client.getAppConfig({ caller: opts.caller ?? acme, appName: opts.app ?? "web", branch: opts.branch ?? "main" });
+}
+
+function row(appName: string, branch: string): Promise<App> {
+  return service.ctx.read((em) => em.findOneOrFail(App, { appName, branch }));
+}
+
+/** Writes a row's columns directly (what preflight, builds and deploys would have written). */
+function setRow(appName: string, branch: string, changes: Partial<App>): Promise<void> {
+  return service.ctx.write(async (em) => {
+    const app = await em.findOneOrFail(App, { appName, branch });
+    Object.assign(app, changes);
+  });
+}
+
+async function waitFor<T>(find: () => T | undefined, timeoutMs = 10_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const found = find();
+    if (found !== undefined) return found;
+    if (Date.now() > until) throw new Error("timed out waiting");
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+/** The ARCHITECTURE section 6 example, as a repository base (a fresh copy each call). */
+function repoConfig(): Record<string, any> {
+  return {
+    type: "container",
+    services: {
+      web: { build: "npm ci && npm run build", run: "node server.js", port: 8080, health: "/healthz", replicas: 1, memory_mb: 256, mount: "/" },
+      worker: { run: "node worker.js", background: true },
+    },
+    database: { enabled: true },
+    cache: { enabled: false },
+    email: { enabled: true },
+    storage: { drives: [{ name: "uploads", size_gb: 1, mount: "/data/uploads" }], buckets: [{ name: "media" }] },
+    cron: [{ name: "nightly", schedule: "0 3 * * *", path: "/cron/nightly", enabled: true }],
+  };
+}
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  prefix = uniquePrefix();
+  service = await build(
+    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+  );
+  client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
+  bus = await connectBus({ url: testNatsUrl(), name: "apps-builds-test", prefix });
+  subscribe(bus, subjects.events.preflightRequested, (e) => void preflights.push(e), logger);
+
+  await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY });
+  await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: "staging" });
+  await client.registerApp({ caller: acme, appName: "api", repository: "https://example.com/acme/api.git" });
+  await client.registerApp({ caller: globex, appName: "shop", repository: "https://example.com/globex/shop.git" });
+});
+
+afterAll(async () => {
+  await bus?.close();
+  await service?.close();
+  if (databaseUrl) await dropDatabase(databaseUrl);
+  if (prefix) await deleteBusStreams(prefix);
+});
+
+describe("PATCH an app", () => {
+  it("changes only the fields sent and answers the app", async () => {
+    const before = await row("web", "main");
+    const r = await patch({ display_name: "  Web Shop ", description: "The shop front.", cache_enabled: true, email_enabled: true });
+    expect(r.app).toMatchObject({ appName: "web", branch: "main", displayName: "Web Shop", description: "The shop front.", cacheEnabled: true, emailEnabled: true });
+    expect(r.preflightActionId).toBeUndefined();
+    const after = await row("web", "main");
+    expect(after).toMatchObject({ displayName: "Web Shop", description: "The shop front.", cacheEnabled: true, emailEnabled: true, databaseEnabled: false });
+    expect(after.configPath).toBe(before.configPath);
+    expect(after.preflightNonce).toBe(before.preflightNonce);
+    // The other branch is another row.
+    expect((await row("web", "staging")).displayName).toBe("web");
+  });
+
+  it("accepts an empty body as a no-op", async () => {
+    const before = await row("web", "main");
+    const r = await patch({});
+    expect(r.app?.displayName).toBe(before.displayName);
+  });
+
+  it("stores deploy_config, services and containers as sent, and derives omitted feature flags from deploy_config", async () => {
+    await setRow("web", "main", { databaseEnabled: false, cacheEnabled: true, emailEnabled: true });
+    const deployConfig = { database: { enabled: true }, cache: { enabled: false }, region: "eu", nested: { list: [1, "two", null] } };
+    const services = [{ name: "web", port: 8080 }, "worker"];
+    const containers = [{ image: "redis:7" }];
+    const r = await patch({ deploy_config: deployConfig, services, containers, cache_enabled: true });
+    // database derived from deploy_config; cache sent explicitly wins; email has no section: kept.
+    expect(r.app).toMatchObject({ databaseEnabled: true, cacheEnabled: true, emailEnabled: true });
+    const stored = await row("web", "main");
+    expect(stored.deployConfig).toEqual(deployConfig);
+    expect(stored.deployServices).toEqual(services);
+    expect(stored.deployContainers).toEqual(containers);
+  });
+
+  it("re-queues the preflight for a new config_path, and not for the same one", async () => {
+    await setRow("web", "main", { preflightStatus: "ready" });
+    const before = await row("web", "main");
+    const r = await patch({ config_path: "deploy/platform.yaml" });
+    expect(r.app).toMatchObject({ configPath: "deploy/platform.yaml", preflightStatus: "pending" });
+    expect(r.preflightActionId).toMatch(/^[0-9a-f-]{36}$/);
+    const after = await row("web", "main");
+    expect(after.preflightNonce).toBe(before.preflightNonce + 1);
+    const event = await waitFor(() => preflights.find((e) => e.id === r.preflightActionId));
+    expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce, config_path: "deploy/platform.yaml", branch: "main" });
+
+    const again = await patch({ config_path: "deploy/platform.yaml" });
+    expect(again.preflightActionId).toBeUndefined();
+    expect((await row("web", "main")).preflightNonce).toBe(after.preflightNonce);
+    await patch({ config_path: "platform.yaml" });
+  });
+
+  it("refuses a config_path that is not a relative path inside the repository", async () => {
+    for (const configPath of ["/etc/platform.yaml", "../platform.yaml", "a//platform.yaml", "", "   ", "deploy/"]) {
+      const r = await refusal(patch({ config_path: configPath }));
+      expect(r.status, configPath).toBe(422);
+      expect(r.detail).toMatchObject({ code: "invalid_value", errors: [{ field: "config_path", code: "invalid_value" }] });
+    }
+    expect((await row("web", "main")).configPath).toBe("platform.yaml");
+  });
+
+  it("stores a visibility change; while deployed, warnings say the route converges at the next deploy", async () => {
+    const quiet = await patch({ visibility: "private" });
+    expect(quiet.app).toMatchObject({ visibility: "private", warnings: [] });
+
+    await setRow("web", "main", { deployStatus: "running", warnings: ["an unrelated warning"] });
+    const flipped = await patch({ visibility: "public" });
+    expect(flipped.app?.visibility).toBe("public");
+    expect(flipped.app?.warnings).toHaveLength(2);
+    expect(flipped.app?.warnings[0]).toBe("an unrelated warning");
+    expect(flipped.app?.warnings[1]).toMatch(/public.*converges at the next deploy/);
+    const back = await patch({ visibility: "private" });
+    expect(back.app?.warnings).toHaveLength(2);
+    expect(back.app?.warnings[1]).toMatch(/private.*converges at the next deploy/);
+    expect((await row("web", "main")).warnings).toEqual(back.app?.warnings);
+    // Sending the current value changes nothing.
+    expect((await patch({ visibility: "private" })).app?.warnings).toEqual(back.app?.warnings);
+
+    expect(await refusal(patch({ visibility: "secret" }))).toMatchObject({ status: 422, detail: { code: "invalid_value" } });
+    await setRow("web", "main", { deployStatus: "undeployed", warnings: [], visibility: "public" });
+  });
+
+  it("accepts force_remove_domains (no custom domain can be attached yet)", async () => {
+    expect((await patch({ force_remove_domains: true })).app?.appName).toBe("web");
+    expect(await refusal(patch({ force_remove_domains: "yes" }))).toMatchObject({ status: 422, detail: { code: "wrong_type" } });
+  });
+
+  describe("seed_from_reference", () => {
+    it("accepts a branch of this app or of an app in the same group, and null clears it", async () => {
+      await patch({ seed_from_reference: "web:staging:latest" });
+      expect((await row("web", "main")).seedFromReference).toBe("web:staging:latest");
+      // The selector may itself hold colons (a timestamp).
+      await patch({ seed_from_reference: "api:main:2024-05-01T03:00:00Z" });
+      expect((await row("web", "main")).seedFromReference).toBe("api:main:2024-05-01T03:00:00Z");
+      await patch({ seed_from_reference: null });
+      expect((await row("web", "main")).seedFromReference).toBeNull();
+      // null on an unset reference is fine too.
+      await patch({ seed_from_reference: null });
+    });
+
+    it(`refuses a reference longer than ${SEED_REFERENCE_MAX} characters or not of the form <app>:<branch>:<selector> (422)`, async () => {
+      const long = `web:staging:${"x".repeat(SEED_REFERENCE_MAX - "web:staging:".length + 1)}`;
+      expect(await refusal(patch({ seed_from_reference: long }))).toMatchObject({ status: 422, detail: { code: "out_of_range" } });
+      for (const reference of ["nonsense", "web:staging", "web::latest", ":staging:latest", "web:staging:", "Web:staging:latest", "web:bad..branch:x", "web:staging:two words"]) {
+        const r = await refusal(patch({ seed_from_reference: reference }));
+        expect(r.status, reference).toBe(422);
+        expect(r.detail, reference).toMatchObject({ code: "invalid_format", errors: [{ field: "seed_from_reference" }] });
+      }
+      expect(await refusal(patch({ seed_from_reference: 7 }))).toMatchObject({ status: 422, detail: { code: "wrong_type" } });
+    });
+
+    it("answers 404 when the source is another group's app, an unknown app or an unknown branch", async () => {
+      for (const reference of ["shop:main:latest", "ghost:main:latest", "web:nope:latest"]) {
+        const r = await refusal(patch({ seed_from_reference: reference }));
+        expect(r.status, reference).toBe(404);
+      }
+      // Another group's source reads exactly like an unknown one.
+      const foreign = await refusal(patch({ seed_from_reference: "shop:main:latest" }));
+      const unknown = await refusal(patch({ seed_from_reference: "ghost:main:latest" }));
+      expect(String(foreign.detail).replace("shop", "ghost")).toBe(String(unknown.detail));
+      expect((await row("web", "main")).seedFromReference).toBeNull();
+    });
+
+    it("refuses a reference while the branch is running (409), but still clears one", async () => {
+      await setRow("web", "main", { deployStatus: "running", seedFromReference: "web:staging:latest" });
+      const r = await refusal(patch({ seed_from_reference: "api:main:latest", display_name: "Not applied" }));
+      expect(r).toMatchObject({ status: 409, detail: { code: "app_running" } });
+      const unchanged = await row("web", "main");
+      expect(unchanged.seedFromReference).toBe("web:staging:latest");
+      expect(unchanged.displayName).not.toBe("Not applied");
+      await patch({ seed_from_reference: null });
+      expect((await row("web", "main")).seedFromReference).toBeNull();
+      await setRow("web", "main", { deployStatus: "undeployed" });
+    });
+  });
+
+  it("refuses unknown fields (422) and applies nothing of the body", async () => {
+    const r = await refusal(patch({ display_name: "Not applied", repository: "https://example.com/x.git", colour: "blue" }));
+    expect(r).toMatchObject({ status: 422, detail: { code: "unknown_field" } });
+    expect(r.detail.errors.map((e: any) => e.field).sort()).toEqual(["colour", "repository"]);
+    expect((await row("web", "main")).displayName).not.toBe("Not applied");
+  });
+
+  it("refuses null for every field but seed_from_reference (422)", async () => {
+    for (const field of PATCH_FIELDS.filter((f) => f !== "seed_from_reference")) {
+      const r = await refusal(patch({ [field]: null }));
+      expect(r.status, field).toBe(422);
+      expect(r.detail, field).toMatchObject({ code: "null_not_allowed", errors: [{ field, code: "null_not_allowed" }] });
+    }
+  });
+
+  it("refuses wrong types and values (422), listing every problem", async () => {
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ display_name: 5 }, "wrong_type"],
+      [{ display_name: "   " }, "invalid_value"],
+      [{ display_name: "x".repeat(201) }, "out_of_range"],
+      [{ description: "x".repeat(2001) }, "out_of_range"],
+      [{ database_enabled: "true" }, "wrong_type"],
+      [{ cache_enabled: 1 }, "wrong_type"],
+      [{ deploy_config: [] }, "wrong_type"],
+      [{ deploy_config: "database" }, "wrong_type"],
+      [{ services: {} }, "wrong_type"],
+      [{ containers: "redis" }, "wrong_type"],
+      [{ visibility: "Public" }, "invalid_value"],
+    ];
+    for (const [body, code] of cases) {
+      const r = await refusal(patch(body));
+      expect(r.status, JSON.stringify(body)).toBe(422);
+      expect(r.detail.code, JSON.stringify(body)).toBe(code);
+    }
+    let deep: unknown = "bottom";
+    for (let i = 0; i < 20; i++) deep = { deeper: deep };
+    expect(await refusal(patch({ deploy_config: deep }))).toMatchObject({ status: 422, detail: { code: "too_deep" } });
+
+    const many = await refusal(patch({ display_name: null, visibility: "nope", colour: "blue" }));
+    expect(many).toMatchObject({ status: 422, detail: { code: "invalid_patch" } });
+    expect(many.detail.errors.map((e: any) => e.code).sort()).toEqual(["invalid_value", "null_not_allowed", "unknown_field"]);
+    expect(await refusal(patch(["display_name"]))).toMatchObject({ status: 422, detail: { code: "invalid_body" } });
+  });
+
+  it("answers 404 for an unknown app or branch and for another group's app", async () => {
+    const unknown = await refusal(patch({ display_name: "x" }, { app: "ghost" }));
+    expect(unknown.status).toBe(404);
+    expect((await refusal(patch({ display_name: "x" }, { branch: "nope" }))).status).toBe(404);
+    const foreign = await refusal(patch({ display_name: "x" }, { caller: globex }));
+    expect(foreign.status).toBe(404);
+    expect(String(foreign.detail)).toBe(String(unknown.detail).replace("ghost", "web"));
+    expect((await refusal(patch({ display_name: "x" }, { app: "web", caller: globex, branch: "" }))).status).toBe(404);
+    expect((await row("web", "main")).displayName).not.toBe("x");
+  });
+});
+
+describe("set-production", () => {
+  it("promotes a branch and demotes the previous production branch in one transaction", async () => {
+    const r = await client.setProductionBranch({ caller: acme, appName: "web", branch: "staging" });
+    expect(r).toMatchObject({ appName: "web", branch: "staging", previousProductionBranch: "main", changed: true });
+    expect((await row("web", "staging")).isProduction).toBe(true);
+    expect((await row("web", "main")).isProduction).toBe(false);
+    // The default branch of app routes follows.
+    expect((await client.getApp({ caller: acme, appName: "web" })).branch).toBe("staging");
+    expect((await client.listBranches({ caller: acme, appName: "web" })).branches.map((b) => [b.branch, b.isProduction])).toEqual([
+      ["staging", true],
+      ["main", false],
+    ]);
+  });
+
+  it("is a no-op for the branch that already is production", async () => {
+    const before = await row("web", "staging");
+    const r = await client.setProductionBranch({ caller: acme, appName: "web", branch: "staging" });
+    expect(r).toMatchObject({ appName: "web", branch: "staging", previousProductionBranch: "staging", changed: false });
+    expect((await row("web", "staging")).updatedAt).toEqual(before.updatedAt);
+  });
+
+  it("keeps exactly one production branch under concurrent promotions", async () => {
+    const results = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => client.setProductionBranch({ caller: acme, appName: "web", branch: i % 2 ? "staging" : "main" })),
+    );
+    expect(results.every((r) => r.appName === "web")).toBe(true);
+    const rows = await service.ctx.read((em) => em.find(App, { appName: "web" }));
+    expect(rows.filter((a) => a.isProduction)).toHaveLength(1);
+    await client.setProductionBranch({ caller: acme, appName: "web", branch: "main" });
+    expect((await row("web", "main")).isProduction).toBe(true);
+  });
+
+  it("answers 404 for an unknown branch or app and for another group's app; 422 without a branch", async () => {
+    expect((await refusal(client.setProductionBranch({ caller: acme, appName: "web", branch: "nope" }))).status).toBe(404);
+    expect((await refusal(client.setProductionBranch({ caller: acme, appName: "ghost", branch: "main" }))).status).toBe(404);
+    expect((await refusal(client.setProductionBranch({ caller: globex, appName: "web", branch: "staging" }))).status).toBe(404);
+    expect(await refusal(client.setProductionBranch({ caller: acme, appName: "web", branch: "" }))).toMatchObject({ status: 422, detail: { code: "branch_required" } });
+    expect((await row("web", "main")).isProduction).toBe(true);
+    expect((await row("web", "staging")).isProduction).toBe(false);
+  });
+});
+
+describe("config layers", () => {
+  it("reads no config as empty layers", async () => {
+    const r = await layers({ app: "api" });
+    expect(r).toMatchObject({ appName: "api", branch: "main", configPath: "platform.yaml", overlay: {}, sourceMap: {} });
+    expect(r.base).toBeUndefined();
+    expect(r.effective).toBeUndefined();
+    expect(r.effectiveYaml).toBeUndefined();
+  });
+
+  it("saves a config over no base as entirely dashboard-authored, and re-queues the preflight", async () => {
+    await setRow("api", "main", { preflightStatus: "ready" });
+    const before = await row("api", "main");
+    const config = { services: { web: { run: "node server.js", port: 3000 } }, database: { enabled: true } };
+    const r = await save({ config }, { app: "api" });
+    expect(r.overlay).toEqual({
+      "services.web.run": { value: "node server.js", base: null },
+      "services.web.port": { value: 3000, base: null },
+      "database.enabled": { value: true, base: null },
+    });
+    expect(r.changedPaths).toEqual(["database.enabled", "services.web.port", "services.web.run"]);
+    expect(r).toMatchObject({ appliesLive: false, requiresRedeploy: true });
+    const after = await row("api", "main");
+    expect(after.preflightNonce).toBe(before.preflightNonce + 1);
+    expect(after.preflightStatus).toBe("pending");
+    expect(after.overlay).toEqual(r.overlay);
+    const event = await waitFor(() => preflights.find((e) => e.id === r.preflightActionId));
+    expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce });
+
+    const read = await layers({ app: "api" });
+    expect(read.base).toBeUndefined();
+    expect(read.effective).toEqual(config);
+    expect(read.sourceMap).toEqual({ "services.web.run": "dashboard", "services.web.port": "dashboard", "database.enabled": "dashboard" });
+    const parsed = parseAppConfigYaml(read.effectiveYaml!);
+    expect(parsed.ok && parsed.config).toEqual(config);
+  });
+
+  describe("over a repository base", () => {
+    beforeAll(async () => {
+      await setRow("web", "main", { baseConfig: repoConfig(), overlay: {} });
+    });
+
+    it("reads the base, an empty overlay, the effective config, its sources and its YAML", async () => {
+      const r = await layers();
+      expect(r.base).toEqual(repoConfig());
+      expect(r.overlay).toEqual({});
+      expect(r.effective).toEqual(repoConfig());
+      expect(r.sourceMap["services.web.replicas"]).toBe("repository");
+      expect(r.sourceMap["cron[nightly].enabled"]).toBe("repository");
+      expect(Object.values(r.sourceMap).every((s) => s === "repository")).toBe(true);
+      const parsed = parseAppConfigYaml(r.effectiveYaml!);
+      expect(parsed.ok && parsed.config).toEqual(repoConfig());
+    });
+
+    it("stores only the differences from the base, from YAML, and reports that they need a redeploy", async () => {
+      const { effectiveYaml } = await layers();
+      const r = await save({ config_yaml: effectiveYaml!.replace("replicas: 1", "replicas: 2") });
+      expect(r.overlay).toEqual({ "services.web.replicas": { value: 2, base: 1 } });
+      expect(r.changedPaths).toEqual(["services.web.replicas"]);
+      expect(r).toMatchObject({ appliesLive: false, requiresRedeploy: true });
+      expect(r.preflightActionId).toMatch(/^[0-9a-f-]{36}$/);
+
+      const read = await layers();
+      expect(read.overlay).toEqual(r.overlay);
+      expect(read.sourceMap["services.web.replicas"]).toBe("dashboard");
+      expect(read.sourceMap["services.web.port"]).toBe("repository");
+      expect((read.effective as any).services.web.replicas).toBe(2);
+      expect(read.effectiveYaml).toContain("replicas: 2");
+      expect(read.base).toEqual(repoConfig());
+    });
+
+    it("reports a cron-only change as applying live", async () => {
+      const config = repoConfig();
+      config.services.web.replicas = 2;
+      config.cron[0].enabled = false;
+      const r = await save({ config });
+      expect(r.overlay).toEqual({ "services.web.replicas": { value: 2, base: 1 }, "cron[nightly].enabled": { value: false, base: true } });
+      expect(r.changedPaths).toEqual(["cron[nightly].enabled"]);
+      expect(r).toMatchObject({ appliesLive: true, requiresRedeploy: false });
+    });
+
+    it("refuses every bad save with 422 {code, message, errors} and stores nothing", async () => {
+      const before = await row("web", "main");
+      const omitted = repoConfig();
+      delete omitted.services.web.health;
+      const invalid = repoConfig();
+      invalid.services.web.replicas = 9;
+      let deep: any = {};
+      for (let i = 0; i < 20; i++) deep = { x: deep };
+      const cases: Array<[unknown, string]> = [
+        [{ config: repoConfig(), config_yaml: "type: container" }, "both_config_fields"],
+        [{}, "missing_config"],
+        [{ config_yaml: 5 }, "config_yaml_not_string"],
+        [{ config_yaml: "services:\n  web: [unclosed" }, "yaml_syntax"],
+        [{ config_yaml: "- a\n- b\n" }, "not_a_mapping"],
+        [{ config: [repoConfig()] }, "not_a_mapping"],
+        [{ config_yaml: `# ${"x".repeat(70 * 1024)}\ntype: container\n` }, "too_large"],
+        [{ config: deep }, "too_deep"],
+        [{ config: invalid }, "out_of_range"],
+        [{ config: omitted }, "omitted_repository_field"],
+        [["config"], "invalid_body"],
+      ];
+      for (const [body, code] of cases) {
+        const r = await refusal(save(body));
+        expect(r.status, code).toBe(422);
+        expect(r.detail.code, code).toBe(code);
+        expect(typeof r.detail.message, code).toBe("string");
+        expect(r.detail.errors.length, code).toBeGreaterThan(0);
+        expect(r.detail.errors[0].code, code).toBe(code);
+      }
+      const syntax = await refusal(save({ config_yaml: "services:\n  web: [unclosed" }));
+      expect(syntax.detail.errors[0]).toMatchObject({ line: expect.any(Number), column: expect.any(Number) });
+      expect((await refusal(save({ config: invalid }))).detail.errors[0]).toMatchObject({ path: "services.web.replicas" });
+      expect((await refusal(save({ config: omitted }))).detail.errors[0]).toMatchObject({ path: "services.web.health" });
+
+      const after = await row("web", "main");
+      expect(after.overlay).toEqual(before.overlay);
+      expect(after.preflightNonce).toBe(before.preflightNonce);
+    });
+
+    it("renders no YAML when the effective config fails validation", async () => {
+      const broken = repoConfig();
+      broken.services.web.replicas = 9;
+      await setRow("web", "staging", { baseConfig: broken, overlay: {} });
+      const r = await layers({ branch: "staging" });
+      expect((r.effective as any).services.web.replicas).toBe(9);
+      expect(r.effectiveYaml).toBeUndefined();
+    });
+  });
+
+  it("answers 404 for another group's app, an unknown app or branch", async () => {
+    expect((await refusal(layers({ caller: globex }))).status).toBe(404);
+    expect((await refusal(layers({ app: "ghost" }))).status).toBe(404);
+    expect((await refusal(layers({ branch: "nope" }))).status).toBe(404);
+    expect((await refusal(save({ config: repoConfig() }, { caller: globex }))).status).toBe(404);
+    expect((await refusal(save({ config: repoConfig() }, { app: "ghost" }))).status).toBe(404);
+  });
+});
+
+/**
+ * The gateway's routes over this service. Access (credentials, scope, group selection) is the
+ * gateway's own and tested there; here a header picks the caller, to check what these routes do
+ * with the body: it reaches the service as sent, before the schema could coerce or strip it.
+ */
+describe("through the gateway's routes", () => {
+  let http: FastifyInstance;
+
+  beforeAll(async () => {
+    http = Fastify();
+    registerErrorHandling(http);
+    for (const schema of sharedSchemas) http.addSchema(schema);
+    http.decorateRequest("caller", null);
+    http.addHook("onRequest", async (request) => {
+      request.caller = request.headers["x-test-group"] === "globex" ? globex : acme;
+    });
+    appSettingsRoutes(http, client);
+    await http.ready();
+  });
+
+  afterAll(async () => {
+    await http?.close();
+  });
+
+  const call = (method: "PATCH" | "POST" | "GET" | "PUT", url: string, payload?: unknown, group = "acme") =>
+    http.inject({ method, url, headers: { "x-test-group": group }, ...(payload === undefined ? {} : { payload: payload as object }) });
+
+  it("PATCH answers the app, and refuses unknown fields, nulls and wrong types instead of dropping or coercing them", async () => {
+    const ok = await call("PATCH", "/api/apps/web?branch=main", { display_name: "Web", seed_from_reference: null });
+    expect(ok.statusCode).toBe(200);
+    expect(ok.json()).toMatchObject({ app_name: "web", branch: "main", display_name: "Web", is_production: true, urls: [], last_deploy_status: null });
+    expect(ok.json()).not.toHaveProperty("preflight_action_id");
+
+    const moved = await call("PATCH", "/api/apps/web?branch=main", { config_path: "web/platform.yaml" });
+    expect(moved.statusCode).toBe(200);
+    expect(moved.json()).toMatchObject({ config_path: "web/platform.yaml", preflight_status: "pending", preflight_action_id: expect.any(String) });
+
+    const unknown = await call("PATCH", "/api/apps/web?branch=main", { display_name: "Other", colour: "blue" });
+    expect(unknown.statusCode).toBe(422);
+    expect(unknown.json().detail).toMatchObject({ code: "unknown_field", errors: [{ field: "colour" }] });
+    expect((await row("web", "main")).displayName).toBe("Web");
+
+    const nulled = await call("PATCH", "/api/apps/web?branch=main", { display_name: null });
+    expect(nulled.statusCode).toBe(422);
+    expect(nulled.json().detail.code).toBe("null_not_allowed");
+    const flag = await call("PATCH", "/api/apps/web?branch=main", { database_enabled: "true" });
+    expect(flag.statusCode).toBe(422);
+    expect(flag.json().detail.code).toBe("wrong_type");
+
+    expect((await call("PATCH", "/api/apps/web?branch=main", { display_name: "x" }, "globex")).statusCode).toBe(404);
+  });
+
+  it("set-production answers {app_name, branch, previous_production_branch, changed}, and 422 without a branch", async () => {
+    const r = await call("POST", "/api/apps/web/set-production?branch=staging");
+    expect(r.statusCode).toBe(200);
+    expect(r.json()).toEqual({ app_name: "web", branch: "staging", previous_production_branch: "main", changed: true });
+    const back = await call("POST", "/api/apps/web/set-production?branch=main");
+    expect(back.json()).toEqual({ app_name: "web", branch: "main", previous_production_branch: "staging", changed: true });
+    expect((await call("POST", "/api/apps/web/set-production")).statusCode).toBe(422);
+    expect((await call("POST", "/api/apps/web/set-production?branch=nope")).statusCode).toBe(404);
+  });
+
+  it("GET config answers every layer, with nulls where there is none", async () => {
+    await client.registerApp({ caller: acme, appName: "bare", repository: "https://example.com/acme/bare.git" });
+    const empty = await call("GET", "/api/apps/bare/config");
+    expect(empty.statusCode).toBe(200);
+    expect(empty.json()).toEqual({
+      app_name: "bare",
+      branch: "main",
+      config_path: "platform.yaml",
+      base: null,
+      overlay: {},
+      effective: null,
+      source_map: {},
+      effective_yaml: null,
+    });
+    const full = await call("GET", "/api/apps/web/config?branch=main");
+    expect(full.json()).toMatchObject({ base: repoConfig(), overlay: { "services.web.replicas": { value: 2, base: 1 } }, source_map: { "services.web.replicas": "dashboard" } });
+    expect(full.json().effective_yaml).toContain("replicas: 2");
+  });
+
+  it("PUT config answers the save, and leaves every refusal to the pipeline's codes", async () => {
+    const r = await call("PUT", "/api/apps/bare/config", { config: { services: { web: { run: "node server.js", port: 3000 } } } });
+    expect(r.statusCode).toBe(200);
+    expect(r.json()).toMatchObject({
+      overlay: { "services.web.run": { value: "node server.js", base: null } },
+      changed_paths: ["services.web.port", "services.web.run"],
+      applies_live: false,
+      requires_redeploy: true,
+      preflight_action_id: expect.any(String),
+    });
+    const notString = await call("PUT", "/api/apps/bare/config", { config_yaml: 5 });
+    expect(notString.statusCode).toBe(422);
+    expect(notString.json().detail).toMatchObject({ code: "config_yaml_not_string", errors: [{ code: "config_yaml_not_string" }] });
+    const notObject = await call("PUT", "/api/apps/bare/config", { config: "type: static" });
+    expect(notObject.statusCode).toBe(422);
+    expect(notObject.json().detail.code).toBe("not_a_mapping");
+  });
+});

@@ -1,0 +1,135 @@
+/**
+ * Admission gates: whether an agent may claim an action now (ARCHITECTURE section 4). Checked in
+ * this order, the first that applies decides:
+ *
+ * 1. terminal: the action already finished; the message is dropped;
+ * 2. claimed: claimed by another host (drop), or by this one (a resume after an agent restart);
+ * 3. dependency: the action it depends on must have completed; a failed or cancelled dependency
+ *    ends this action too (failed or cancelled) and the message is dropped;
+ * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at a
+ *    time, so two blue/green swaps of one app never race;
+ * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
+ * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
+ *    higher priority (then the older) goes first.
+ *
+ * Gates 5 and 6 are the capacity gates an admission override (admit-force) passes, once; the
+ * others protect correctness and are never overridden. Every refusal is recorded on the row
+ * (admission_check_reason); a claim clears it.
+ */
+import { isTerminal } from "./lifecycle.ts";
+
+/** In-flight actions of one type a single host runs at once. Types not listed are not limited. */
+export const HOST_CONCURRENCY: Readonly<Record<string, number>> = { BUILD: 2, DEPLOY: 2 };
+
+/** Types that change what runs for an app and branch: one at a time per app lane. */
+export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "UNDEPLOY", "PURGE_APP", "RESTORE", "SERVICE_ACTION", "DRIVE_APPLY"]);
+
+/** A waiting action counts for the queue order only if its agent tried it this recently. */
+export const QUEUE_ORDER_WINDOW_MS = 30_000;
+
+export interface AdmissionAction {
+  id: string;
+  status: string;
+  actionType: string;
+  claimedBy?: string | null;
+  dependsOn?: string | null;
+  admitForceUntil?: Date | null;
+  admitForceUsed: boolean;
+}
+
+export interface DependencyState {
+  id: string;
+  actionType: string;
+  status: string;
+}
+
+export interface AdmissionInput {
+  action: AdmissionAction;
+  hostId: string;
+  /** The row `dependsOn` names; null when it names nothing or the row is gone. */
+  dependency: DependencyState | null;
+  /** An in-progress action of the same app lane (APP_LANE_TYPES, same group, app and branch). */
+  appLaneBusyWith: { id: string; actionType: string } | null;
+  /** Actions of the same type in progress on this host (this one excluded). */
+  inFlightOnHost: number;
+  /**
+   * Ready actions of the same type dispatched to this host that go before this one (higher
+   * priority, or equal priority and older) and whose agent tried them within QUEUE_ORDER_WINDOW_MS.
+   */
+  waitingAhead: string[];
+  now: Date;
+}
+
+export type Admission =
+  | { verdict: "admit"; forced: boolean }
+  | { verdict: "resume" }
+  | { verdict: "refuse"; reason: string; blockingActionId: string | null }
+  | { verdict: "drop"; reason: string }
+  | { verdict: "abandon"; status: "failed" | "cancelled"; reason: string };
+
+/** A grant from admit-force that is still valid and unused. */
+export function admitForceAvailable(action: Pick<AdmissionAction, "admitForceUntil" | "admitForceUsed">, now: Date): boolean {
+  return !action.admitForceUsed && !!action.admitForceUntil && action.admitForceUntil.getTime() > now.getTime();
+}
+
+const short = (id: string) => id.slice(0, 8);
+
+export function checkAdmission(input: AdmissionInput): Admission {
+  const { action, hostId, dependency, now } = input;
+
+  // 1. terminal
+  if (isTerminal(action.status)) return { verdict: "drop", reason: `action is ${action.status}` };
+
+  // 2. claimed
+  if (action.status === "in_progress") {
+    if (action.claimedBy === hostId) return { verdict: "resume" };
+    return { verdict: "drop", reason: `claimed by host ${action.claimedBy ?? "unknown"}` };
+  }
+
+  // 3. dependency
+  if (action.dependsOn) {
+    if (!dependency) {
+      return { verdict: "abandon", status: "failed", reason: `Dependency ${action.dependsOn} no longer exists.` };
+    }
+    if (dependency.status === "failed") {
+      return { verdict: "abandon", status: "failed", reason: `Dependency ${dependency.actionType} ${dependency.id} failed.` };
+    }
+    if (dependency.status === "cancelled") {
+      return { verdict: "abandon", status: "cancelled", reason: `Dependency ${dependency.actionType} ${dependency.id} was cancelled.` };
+    }
+    if (dependency.status !== "completed") {
+      return { verdict: "refuse", reason: `waiting for ${dependency.id} (${dependency.status})`, blockingActionId: dependency.id };
+    }
+  }
+
+  // 4. app lane
+  if (input.appLaneBusyWith && APP_LANE_TYPES.has(action.actionType)) {
+    const busy = input.appLaneBusyWith;
+    return { verdict: "refuse", reason: `app is busy with ${busy.actionType} ${busy.id} (in_progress)`, blockingActionId: busy.id };
+  }
+
+  // 5. per-host concurrency and 6. queue order: the capacity gates admit-force passes once.
+  const limit = HOST_CONCURRENCY[action.actionType];
+  if (limit !== undefined) {
+    const free = limit - input.inFlightOnHost;
+    const forced = admitForceAvailable(action, now);
+    if (free <= 0) {
+      if (forced) return { verdict: "admit", forced: true };
+      return {
+        verdict: "refuse",
+        reason: `host ${hostId} is at its limit of ${limit} ${action.actionType} actions in flight (${input.inFlightOnHost} running)`,
+        blockingActionId: null,
+      };
+    }
+    if (input.waitingAhead.length >= free) {
+      if (forced) return { verdict: "admit", forced: true };
+      const first = input.waitingAhead[0]!;
+      return {
+        verdict: "refuse",
+        reason: `waiting behind ${short(first)} (higher priority or older) for a ${action.actionType} slot on host ${hostId}`,
+        blockingActionId: first,
+      };
+    }
+  }
+  return { verdict: "admit", forced: false };
+}

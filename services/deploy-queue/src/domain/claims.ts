@@ -1,0 +1,237 @@
+/**
+ * The agent's side of the deploy lane: claim (through the admission gates), report progress,
+ * complete. The row is locked (SELECT ... FOR UPDATE) for each, so two agents never both claim an
+ * action and a redelivered or duplicated work message never runs an action twice: a second claim
+ * is dropped (terminal or claimed elsewhere) or resumes on the same host; a second completion is
+ * ignored.
+ */
+import { LockMode } from "@mikro-orm/core";
+import { PlatformError } from "@platform/errors";
+import type { EntityManager } from "@platform/db";
+import { Action } from "../entities/index.ts";
+import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission, type Admission, type AdmissionInput } from "./admission.ts";
+import { validHostId } from "./agents.ts";
+import { cascadeToDependents } from "./dependents.ts";
+import { announce } from "./events.ts";
+import { isUuid } from "./intake.ts";
+import { COMPLETION_STATUSES, isCompletionStatus, isTerminal } from "./lifecycle.ts";
+import { isPastPointOfNoReturn, marksSwapCommit } from "./point-of-no-return.ts";
+
+const APP_LANE = [...APP_LANE_TYPES];
+
+async function lockAction(em: EntityManager, actionId: string): Promise<Action | null> {
+  if (!isUuid(actionId)) return null;
+  return em.findOne(Action, { id: actionId }, { lockMode: LockMode.PESSIMISTIC_WRITE });
+}
+
+async function advisoryLock(em: EntityManager, key: string): Promise<void> {
+  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [key], "run", em.getTransactionContext());
+}
+
+/** Everything the admission gates look at for `action` on `hostId`, read from the database. */
+export async function admissionInput(em: EntityManager, action: Action, hostId: string, now: Date): Promise<AdmissionInput> {
+  const conn = em.getConnection();
+  const tx = em.getTransactionContext();
+  const dependency = action.dependsOn ? await em.findOne(Action, { id: action.dependsOn }) : null;
+
+  let appLaneBusyWith: AdmissionInput["appLaneBusyWith"] = null;
+  if (APP_LANE_TYPES.has(action.actionType)) {
+    const busy = await em.findOne(
+      Action,
+      { status: "in_progress", groupSlug: action.groupSlug, appName: action.appName, branch: action.branch, actionType: { $in: APP_LANE }, id: { $ne: action.id } },
+      { orderBy: { claimedAt: "asc" } },
+    );
+    if (busy) appLaneBusyWith = { id: busy.id, actionType: busy.actionType };
+  }
+
+  let inFlightOnHost = 0;
+  let waitingAhead: string[] = [];
+  if (HOST_CONCURRENCY[action.actionType] !== undefined) {
+    const [row] = await conn.execute<{ n: number }[]>(
+      "select count(*)::int as n from actions where status = 'in_progress' and claimed_by = ? and action_type = ? and id <> ?",
+      [hostId, action.actionType, action.id],
+      "all",
+      tx,
+    );
+    inFlightOnHost = Number(row?.n ?? 0);
+    const ahead = await conn.execute<{ id: string }[]>(
+      `select x.id from actions x
+         left join actions d on d.id = x.depends_on
+       where x.status = 'queued' and x.action_type = ? and x.dispatched_to = ? and x.id <> ?
+         and x.last_admission_check_at > ?
+         and (x.depends_on is null or d.status = 'completed')
+         and (x.priority > ? or (x.priority = ? and (x.created_at < ? or (x.created_at = ? and x.id < ?))))
+         and not (x.action_type in (?) and exists (
+           select 1 from actions y where y.status = 'in_progress' and y.group_slug = x.group_slug
+             and y.app_name = x.app_name and y.branch = x.branch and y.action_type in (?)))
+       order by x.priority desc, x.created_at, x.id
+       limit 10`,
+      [
+        action.actionType,
+        hostId,
+        action.id,
+        new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS),
+        action.priority,
+        action.priority,
+        action.createdAt,
+        action.createdAt,
+        action.id,
+        APP_LANE,
+        APP_LANE,
+      ],
+      "all",
+      tx,
+    );
+    waitingAhead = ahead.map((r) => r.id);
+  }
+
+  return {
+    action,
+    hostId,
+    dependency: dependency ? { id: dependency.id, actionType: dependency.actionType, status: dependency.status } : null,
+    appLaneBusyWith,
+    inFlightOnHost,
+    waitingAhead,
+    now,
+  };
+}
+
+export interface ClaimResult {
+  claimed: boolean;
+  drop: boolean;
+  refusalReason: string;
+  action: Action | null;
+  admission: Admission | null;
+}
+
+export async function claimAction(em: EntityManager, actionId: string, hostId: string, now: Date): Promise<ClaimResult> {
+  if (!validHostId(hostId)) throw PlatformError.invalid("host_id must be 1-128 letters, digits, '-' or '_' (and not 'any').");
+  const action = await lockAction(em, actionId);
+  if (!action) return { claimed: false, drop: true, refusalReason: "unknown action", action: null, admission: null };
+  if (!isTerminal(action.status) && action.status !== "in_progress") {
+    // Gates count in-flight work per host and per app: claims that share one wait for each other.
+    await advisoryLock(em, `deploy_queue.host.${hostId}`);
+    if (APP_LANE_TYPES.has(action.actionType)) await advisoryLock(em, `deploy_queue.app.${action.groupSlug}/${action.appName}/${action.branch}`);
+  }
+  const admission = checkAdmission(await admissionInput(em, action, hostId, now));
+
+  switch (admission.verdict) {
+    case "drop":
+      return { claimed: false, drop: true, refusalReason: admission.reason, action, admission };
+    case "resume":
+      action.progressAt = now;
+      return { claimed: true, drop: false, refusalReason: "", action, admission };
+    case "abandon":
+      action.status = admission.status;
+      action.completedAt = now;
+      action.errorMessage = admission.reason;
+      action.admissionCheckReason = null;
+      announce(em, action, now);
+      await cascadeToDependents(em, action, admission.status, now);
+      return { claimed: false, drop: true, refusalReason: admission.reason, action, admission };
+    case "refuse": {
+      const changed = action.admissionCheckReason !== admission.reason;
+      action.admissionCheckReason = admission.reason;
+      action.lastAdmissionCheckAt = now;
+      if (changed) announce(em, action, now);
+      return { claimed: false, drop: false, refusalReason: admission.reason, action, admission };
+    }
+    case "admit":
+      action.status = "in_progress";
+      action.claimedBy = hostId;
+      action.claimedAt = now;
+      action.progressAt = now;
+      action.admissionCheckReason = null;
+      action.lastAdmissionCheckAt = null;
+      if (admission.forced) action.admitForceUsed = true;
+      announce(em, action, now);
+      return { claimed: true, drop: false, refusalReason: "", action, admission };
+  }
+}
+
+export interface ProgressReport {
+  actionId: string;
+  hostId: string;
+  phase: string;
+  message: string;
+}
+
+/**
+ * Records the agent's phase and answers whether it should stop (cancel requested, or the action
+ * is no longer its to run). Past the point of no return a cancel is not passed on.
+ */
+export async function reportProgress(em: EntityManager, report: ProgressReport, now: Date): Promise<{ cancelRequested: boolean }> {
+  const action = await lockAction(em, report.actionId);
+  if (!action) throw PlatformError.notFound(`Action '${report.actionId}' not found`);
+  if (action.status !== "in_progress" || action.claimedBy !== report.hostId) return { cancelRequested: true };
+  action.progressAt = now;
+  const phase = report.phase.trim();
+  if (phase && phase !== action.phase) {
+    action.phase = phase;
+    if (marksSwapCommit(phase) && !action.swapCommittedAt) action.swapCommittedAt = now;
+    announce(em, action, now);
+  }
+  return { cancelRequested: action.cancelRequested && !isPastPointOfNoReturn(action) };
+}
+
+export interface Completion {
+  actionId: string;
+  hostId: string;
+  status: string;
+  errorMessage: string;
+  resultJson: string;
+}
+
+function parseResult(json: string): Record<string, unknown> | null {
+  if (!json.trim()) return null;
+  try {
+    const value: unknown = JSON.parse(json);
+    return value && typeof value === "object" && !Array.isArray(value) ? (value as Record<string, unknown>) : { value };
+  } catch {
+    // A completion is never lost to a malformed result; the text is kept as it came.
+    return { unparsed: json };
+  }
+}
+
+const text = (v: unknown) => (typeof v === "string" && v !== "" ? v : null);
+
+/**
+ * Finishes an action. Idempotent: a completion of an action that is already terminal is ignored
+ * (false); completing an action this host has not claimed is a conflict.
+ */
+export async function completeAction(em: EntityManager, c: Completion, now: Date): Promise<boolean> {
+  if (!isCompletionStatus(c.status)) throw PlatformError.invalid(`status must be one of ${COMPLETION_STATUSES.join(", ")}.`);
+  const action = await lockAction(em, c.actionId);
+  if (!action) throw PlatformError.notFound(`Action '${c.actionId}' not found`);
+  if (isTerminal(action.status)) return false;
+  if (action.status !== "in_progress" || action.claimedBy !== c.hostId) {
+    throw PlatformError.conflict({
+      code: "not_claimed",
+      message: `Action ${action.id} is ${action.status === "in_progress" ? `claimed by host ${action.claimedBy}` : action.status}, not claimed by ${c.hostId}.`,
+    });
+  }
+  const result = parseResult(c.resultJson);
+  action.status = c.status;
+  action.completedAt = now;
+  action.progressAt = now;
+  action.result = result;
+  action.errorMessage = c.status === "failed" ? c.errorMessage || "The action failed." : c.errorMessage || null;
+  if (result) {
+    action.commitMessage = text(result.commit_message) ?? action.commitMessage ?? null;
+    action.commitAuthor = text(result.commit_author) ?? action.commitAuthor ?? null;
+    if (Array.isArray(result.deploy_warnings)) action.deployWarnings = result.deploy_warnings.filter((w): w is string => typeof w === "string");
+  }
+  announce(em, action, now);
+
+  if (c.status === "completed" && action.commitMessage) {
+    // The deploy of a build shows the commit it ships.
+    const dependents = await em.find(Action, { dependsOn: action.id, status: "queued" });
+    for (const d of dependents) {
+      d.commitMessage ??= action.commitMessage;
+      d.commitAuthor ??= action.commitAuthor ?? null;
+    }
+  } else if (c.status !== "completed") {
+    await cascadeToDependents(em, action, c.status, now);
+  }
+  return true;
+}

@@ -1,0 +1,182 @@
+/**
+ * The log store: `log_lines` in the service's schema, written in batches and searched with the
+ * SQL of `log-query.ts`. It keeps two small pg pools of its own beside MikroORM's, for what the
+ * ORM's connection does not give: native bind parameters (a batch is one JSON parameter), and
+ * bounded waits (a read gives up after QUERY_TIMEOUT_MS, so GET /api/logs answers with its
+ * `error` key well inside the gateway's deadline when Postgres is slow or gone).
+ */
+import pg from "pg";
+import type { Logger } from "@platform/logger";
+import type { Caller } from "@platform/caller";
+import type { StoredLine } from "./ingest.ts";
+import { groupScope, logSql, normaliseLogQuery, pageTotals, type LogQueryInput } from "./log-query.ts";
+
+/** Longest a read may take; the gateway's deadline is 5 s. */
+export const QUERY_TIMEOUT_MS = 3_500;
+const CONNECT_TIMEOUT_MS = 2_000;
+
+export interface LogRowView {
+  id: string;
+  timestamp: string;
+  source: string;
+  level: string;
+  app_name: string | null;
+  service_name: string | null;
+  deployment_id: string | null;
+  build_id: string | null;
+  action_id: string | null;
+  instance_id: string | null;
+  message: string;
+  /** JSON text of the metadata object. */
+  metadata: string;
+}
+
+export interface LogPage {
+  logs: LogRowView[];
+  total: number;
+  hasMore: boolean;
+  /** Set when the store could not answer (the spec's `error` key). */
+  error?: string;
+}
+
+export interface LogStoreOptions {
+  url: string;
+  schema: string;
+  logger: Logger;
+  /** Connections for reads (default 8). */
+  readPoolMax?: number;
+  queryTimeoutMs?: number;
+}
+
+interface DbRow {
+  id: string;
+  ts: Date;
+  source: string;
+  level: string;
+  app_name: string | null;
+  service_name: string | null;
+  deployment_id: string | null;
+  build_id: string | null;
+  action_id: string | null;
+  instance_id: string | null;
+  message: string;
+  metadata: string;
+}
+
+/** Data-dependent failures (SQLSTATE classes 22 and 23): the same input fails again. */
+export function isDataError(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^2[23][0-9A-Z]{3}$/.test(code);
+}
+
+/**
+ * Why the store could not answer, in words for the API, or null for an error that is not the
+ * store's (a bug: it becomes a 500).
+ */
+export function storeFailure(err: unknown): string | null {
+  const e = err as { code?: unknown; message?: unknown } | null;
+  const code = typeof e?.code === "string" ? e.code : "";
+  const message = typeof e?.message === "string" ? e.message : "";
+  if (code === "57014" || /query read timeout/i.test(message)) {
+    return "The log query took too long; narrow it with since, app_name or a more specific search.";
+  }
+  if (
+    /^(08|53|57|58)/.test(code) ||
+    /^E(CONNREFUSED|CONNRESET|HOSTUNREACH|NETUNREACH|TIMEDOUT|PIPE|NOTFOUND|AI_AGAIN)$/.test(code) ||
+    /timeout exceeded when trying to connect|Connection terminated|connect ETIMEDOUT|Client has encountered a connection error/i.test(message)
+  ) {
+    return "The log store is unreachable; try again shortly.";
+  }
+  return null;
+}
+
+const INSERT = `
+with input as (
+  select * from jsonb_to_recordset($1::jsonb) as x(
+    line_id uuid, ts timestamptz, source text, level text, app_name text, branch text, group_slug text, service_name text,
+    deployment_id text, build_id text, action_id text, instance_id text, message text, metadata jsonb)
+), stored as (
+  insert into log_lines (line_id, ts, source, level, app_name, branch, group_slug, service_name, deployment_id, build_id, action_id, instance_id, message, metadata)
+  select line_id, ts, source, level, app_name, branch, group_slug, service_name, deployment_id, build_id, action_id, instance_id, message, coalesce(metadata, '{}')
+  from input
+  on conflict (line_id) do nothing
+  returning 1
+), branches as (
+  insert into log_branches (app_name, branch, group_slug, last_seen_at)
+  select app_name, branch, (array_agg(group_slug order by ts desc))[1], max(ts)
+  from input where app_name is not null and branch is not null
+  group by app_name, branch order by app_name, branch
+  on conflict (app_name, branch) do update set group_slug = excluded.group_slug, last_seen_at = greatest(log_branches.last_seen_at, excluded.last_seen_at)
+  where log_branches.group_slug is distinct from excluded.group_slug or log_branches.last_seen_at < excluded.last_seen_at - interval '1 minute'
+)
+select count(*)::int as inserted from stored`;
+
+export class LogStore {
+  readonly #reads: pg.Pool;
+  readonly #writes: pg.Pool;
+  readonly #logger: Logger;
+
+  constructor(opts: LogStoreOptions) {
+    const common = {
+      connectionString: opts.url,
+      options: `-c search_path=${opts.schema}`,
+      connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
+      application_name: "health-aggregator",
+    };
+    const timeout = opts.queryTimeoutMs ?? QUERY_TIMEOUT_MS;
+    this.#reads = new pg.Pool({ ...common, max: opts.readPoolMax ?? 8, statement_timeout: timeout, query_timeout: timeout + 1000 });
+    this.#writes = new pg.Pool({ ...common, max: 2, statement_timeout: 60_000 });
+    this.#logger = opts.logger;
+    // An idle connection that dies (Postgres restarted) must not take the process with it.
+    for (const pool of [this.#reads, this.#writes]) pool.on("error", (err) => this.#logger.warn({ err }, "log store connection lost"));
+  }
+
+  /** Stores a batch with one statement; a line id already stored is skipped. Returns the lines stored. */
+  async insert(lines: readonly StoredLine[]): Promise<number> {
+    if (lines.length === 0) return 0;
+    const result = await this.#writes.query<{ inserted: number }>(INSERT, [JSON.stringify(lines)]);
+    return result.rows[0]?.inserted ?? 0;
+  }
+
+  /**
+   * GET /api/logs: checks the parameters (422s), applies the caller's scope and answers a page.
+   * When the store cannot answer, an empty page with `error` (never an exception).
+   */
+  async query(caller: Caller, input: LogQueryInput, explicitGroup: boolean, now = new Date()): Promise<LogPage> {
+    const q = normaliseLogQuery(input, now);
+    const scope = groupScope(caller, explicitGroup);
+    if (scope.kind === "none") return { logs: [], total: 0, hasMore: false };
+    const { page, count } = logSql(q, scope);
+    try {
+      const [rows, counted] = await Promise.all([this.#reads.query<DbRow>(page), this.#reads.query<{ n: number }>(count)]);
+      const logs = rows.rows.map(rowView);
+      return { logs, ...pageTotals(q, counted.rows[0]?.n ?? 0, logs.length) };
+    } catch (err) {
+      const error = storeFailure(err);
+      if (!error) throw err;
+      this.#logger.warn({ err }, "log query failed");
+      return { logs: [], total: 0, hasMore: false, error };
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.#reads.end(), this.#writes.end()]);
+  }
+}
+
+function rowView(r: DbRow): LogRowView {
+  return {
+    id: r.id,
+    timestamp: r.ts.toISOString(),
+    source: r.source,
+    level: r.level,
+    app_name: r.app_name,
+    service_name: r.service_name,
+    deployment_id: r.deployment_id,
+    build_id: r.build_id,
+    action_id: r.action_id,
+    instance_id: r.instance_id,
+    message: r.message,
+    metadata: r.metadata,
+  };
+}

@@ -1,0 +1,51 @@
+import { defineEntity, p } from "@mikro-orm/core";
+
+/**
+ * One stored log line (spec doc 1 section 2.6). Written in batches and read with plain SQL by
+ * the log store (`domain/log-store.ts`); the generated `message_tsv` column (full-text search)
+ * is not mapped.
+ */
+export const LogLineSchema = defineEntity({
+  name: "LogLine",
+  tableName: "log_lines",
+  properties: {
+    id: p.bigint().primary().autoincrement(),
+    /** The line's identity: the shipper's id, or one derived from its stream position. Unique. */
+    lineId: p.uuid().unique(),
+    ts: p.datetime(),
+    source: p.text(),
+    level: p.text(),
+    appName: p.text().nullable(),
+    branch: p.text().nullable(),
+    /** The group owning the app: who may read the line; null for platform lines (operators only). */
+    groupSlug: p.text().nullable(),
+    serviceName: p.text().nullable(),
+    deploymentId: p.text().nullable(),
+    buildId: p.text().nullable(),
+    actionId: p.text().nullable(),
+    instanceId: p.text().nullable(),
+    message: p.text(),
+    metadata: p.json<Record<string, unknown>>(),
+  },
+});
+export class LogLine extends LogLineSchema.class {}
+LogLineSchema.setClass(LogLine);
+
+/**
+ * Which group owns an app's branch, as its shipped lines say: the access check of `branch`
+ * (spec doc 1 section 4.6, "only scopes the access check"). Kept by ingestion.
+ */
+export const LogBranchSchema = defineEntity({
+  name: "LogBranch",
+  tableName: "log_branches",
+  properties: {
+    appName: p.text().primary(),
+    branch: p.text().primary(),
+    groupSlug: p.text().nullable(),
+    lastSeenAt: p.datetime(),
+  },
+});
+export class LogBranch extends LogBranchSchema.class {}
+LogBranchSchema.setClass(LogBranch);
+
+export const entities = [LogLineSchema, LogBranchSchema];

@@ -1,0 +1,454 @@
+/**
+ * Logs end to end inside health-aggregator, against the real Postgres and NATS JetStream: lines
+ * shipped with LogShipper are ingested in batches and served by QueryLogs with every rule of
+ * spec doc 1 section 4.6 (filters, source semantics, tenancy, full-text search, paging).
+ */
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import pg from "pg";
+import { createClient, createRouterTransport } from "@connectrpc/connect";
+import { loadConfig, serviceEnv } from "@platform/config";
+import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { HealthAggregatorService, type QueryLogsRequest } from "@platform/proto";
+import { makeCaller, type Caller } from "@platform/caller";
+import { connectBus, subjects, type Bus } from "@platform/bus";
+import { createLogger } from "@platform/logger";
+import { LogShipper, type LogLineInput } from "@platform/logship";
+import { createTestDatabase, deleteBusStreams, dropDatabase, freePort, testNatsUrl, uniquePrefix } from "@platform/testing";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { QueryLogsRequestSchema } from "@platform/proto";
+import { build, type HealthAggregator } from "../src/app.ts";
+import { LogStore } from "../src/domain/log-store.ts";
+import { LOG_CONSUMER } from "../src/log-ingestion.ts";
+import { routes } from "../src/rpc.ts";
+
+const logger = createLogger({ service: "health-aggregator-test", level: "silent", pretty: false });
+
+let databaseUrl: string;
+let prefix: string;
+let service: HealthAggregator;
+let client: ReturnType<typeof createServiceClient<typeof HealthAggregatorService>>;
+let bus: Bus;
+let shipper: LogShipper;
+let db: pg.Client;
+/** Set to make the next committed batch fail before its acknowledgement (a crash between the two). */
+let failNextAck = false;
+
+const operator = makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, platformRoot: true });
+const tenant = (group: string) => makeCaller({ kind: "api_key", principalId: `k-${group}`, scope: "read", visibleGroups: [group], selectedGroup: group });
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  prefix = uniquePrefix();
+  service = await build(
+    loadConfig(serviceEnv("health-aggregator"), {
+      DATABASE_URL: databaseUrl,
+      NATS_URL: testNatsUrl(),
+      BUS_PREFIX: prefix,
+      RPC_PORT: "0",
+      LOG_LEVEL: "silent",
+    }),
+    {
+      ingestion: {
+        maxDelayMs: 50,
+        afterCommit() {
+          if (failNextAck) {
+            failNextAck = false;
+            throw new Error("simulated crash between commit and acknowledgement");
+          }
+        },
+      },
+    },
+  );
+  client = createServiceClient(HealthAggregatorService, `http://127.0.0.1:${service.rpc.port}`);
+  bus = await connectBus({ url: testNatsUrl(), name: "health-aggregator-test", prefix });
+  shipper = new LogShipper({ bus, defaults: { instance_id: "host-1" }, logger });
+  db = new pg.Client({ connectionString: databaseUrl, options: "-c search_path=health_aggregator" });
+  await db.connect();
+});
+
+afterAll(async () => {
+  await shipper?.close();
+  await db?.end();
+  await bus?.close();
+  await service?.close();
+  await dropDatabase(databaseUrl);
+  await deleteBusStreams(prefix);
+});
+
+async function count(where = "true", values: unknown[] = []): Promise<number> {
+  const r = await db.query<{ n: number }>(`select count(*)::int as n from log_lines where ${where}`, values);
+  return r.rows[0]!.n;
+}
+
+/** Ships lines and waits until the store holds `expected` rows matching `where`. */
+async function shipAndWait(lines: LogLineInput[], where: string, values: unknown[], expected = lines.length): Promise<void> {
+  for (const line of lines) expect(shipper.ship(line)).toBe(true);
+  await shipper.flush();
+  await until(async () => (await count(where, values)) === expected, `${expected} rows where ${where}`);
+}
+
+/** Polls `ok` (usable in hooks, where expect.poll is not). */
+async function until(ok: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await ok())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+type Query = Omit<MessageInitShape<typeof QueryLogsRequestSchema>, "caller">;
+
+function query(caller: Caller, q: Query = {}) {
+  return client.queryLogs({ caller, ...q } as QueryLogsRequest);
+}
+
+async function refusal(p: Promise<unknown>) {
+  try {
+    await p;
+  } catch (err) {
+    return platformErrorOf(err);
+  }
+  throw new Error("expected a refusal");
+}
+
+const ago = (ms: number) => new Date(Date.now() - ms).toISOString();
+const MIN = 60_000;
+const HOUR = 60 * MIN;
+const DAY = 24 * HOUR;
+
+describe("ingestion", () => {
+  it("stores lines shipped with LogShipper in batches, and serves them", async () => {
+    const lines: LogLineInput[] = Array.from({ length: 300 }, (_, i) => ({
+      ts: ago(30 * MIN - i * 1000),
+      source: "agent",
+      app_name: "batch-app",
+      group_slug: "ingest",
+      branch: "main",
+      message: `batched line ${i}`,
+      metadata: { i },
+    }));
+    const before = service.ingestion.stats();
+    await shipAndWait(lines, "app_name = $1", ["batch-app"]);
+    const after = service.ingestion.stats();
+    expect(after.stored - before.stored).toBe(300);
+    // 300 lines travel as at least 3 messages and are stored in far fewer batches than lines.
+    expect(after.batches - before.batches).toBeLessThanOrEqual(after.messages - before.messages);
+    expect(after.batches - before.batches).toBeLessThan(20);
+
+    const r = await query(operator, { appName: "batch-app", limit: 1000 });
+    expect(r.total).toBe(300);
+    expect(r.logs.map((l) => l.message)).toEqual(lines.map((l) => l.message).reverse());
+    expect(r.logs[0]).toMatchObject({ source: "agent", level: "info", appName: "batch-app", instanceId: "host-1" });
+    expect(r.logs[0]!.serviceName).toBeUndefined();
+    expect(JSON.parse(r.logs[0]!.metadataJson)).toEqual({ i: 299 });
+    expect(typeof r.logs[0]!.id).toBe("bigint");
+  });
+
+  it("stores a redelivered batch once", async () => {
+    failNextAck = true;
+    const before = service.ingestion.stats();
+    const lines: LogLineInput[] = Array.from({ length: 20 }, (_, i) => ({ source: "agent", app_name: "redelivered", group_slug: "ingest", message: `again ${i}` }));
+    await shipAndWait(lines, "app_name = $1", ["redelivered"]);
+    // The nak'd batch comes back after its retry delay and every line is found already stored.
+    await expect.poll(() => service.ingestion.stats().duplicates - before.duplicates, { timeout: 15_000 }).toBe(20);
+    expect(failNextAck).toBe(false);
+    expect(await count("app_name = $1", ["redelivered"])).toBe(20);
+  });
+
+  it("stores a batch published twice once, and lines without ids once per delivery of their message", async () => {
+    const subject = bus.subject(subjects.logs("twice", "agent"));
+    const withIds = JSON.stringify(
+      [1, 2, 3].map((i) => ({ id: randomUUID(), ts: new Date().toISOString(), source: "agent", level: "info", app_name: "twice", message: `line ${i}` })),
+    );
+    // A publish repeated after the duplicate window: a new message id, the same lines.
+    await bus.js.publish(subject, withIds, { msgID: randomUUID() });
+    await bus.js.publish(subject, withIds, { msgID: randomUUID() });
+    await expect.poll(() => count("app_name = $1", ["twice"]), { timeout: 10_000 }).toBe(3);
+
+    // Lines without an id get one from their stream position: a redelivery finds them stored.
+    failNextAck = true;
+    const before = service.ingestion.stats();
+    const raw = JSON.stringify([4, 5].map((i) => ({ ts: new Date().toISOString(), source: "agent", level: "info", app_name: "twice", message: `raw ${i}` })));
+    await bus.js.publish(subject, raw);
+    await expect.poll(() => service.ingestion.stats().duplicates - before.duplicates, { timeout: 15_000 }).toBe(2);
+    expect(await count("app_name = $1", ["twice"])).toBe(5);
+  });
+
+  it("drops invalid lines and messages without jamming the consumer", async () => {
+    const subject = bus.subject(subjects.logs("messy", "agent"));
+    const before = service.ingestion.stats();
+    await bus.js.publish(subject, "this is not json");
+    await bus.js.publish(subject, "42");
+    await bus.js.publish(
+      subject,
+      JSON.stringify([
+        { ts: new Date().toISOString(), source: "agent", level: "loud", app_name: "messy", message: "bad level" },
+        { ts: new Date().toISOString(), source: "agent", level: "info", app_name: "messy", message: "good one" },
+        { ts: "not a time", source: "agent", level: "info", app_name: "messy", message: "bad ts" },
+        { ts: new Date().toISOString(), source: "agent", level: "info", app_name: "messy", message: "nul \u0000 byte and lone \ud800 surrogate" },
+      ]),
+    );
+    await shipAndWait([{ source: "agent", app_name: "messy", message: "after the mess" }], "app_name = $1", ["messy"], 3);
+    const after = service.ingestion.stats();
+    expect(after.terminated - before.terminated).toBe(2);
+    expect(after.rejectedLines - before.rejectedLines).toBe(2);
+    const stored = await db.query<{ message: string }>("select message from log_lines where app_name = 'messy' order by id");
+    expect(stored.rows.map((r) => r.message)).toEqual(["good one", "nul \uFFFD byte and lone \uFFFD surrogate", "after the mess"]);
+    // Nothing waits for an acknowledgement or a redelivery.
+    await expect
+      .poll(async () => {
+        const info = await bus.jsm.consumers.info(subjects.streams(prefix).logs.name, LOG_CONSUMER);
+        return info.num_pending + info.num_ack_pending;
+      }, { timeout: 10_000 })
+      .toBe(0);
+  });
+
+  it("refuses in the store what breaks its rules, as a data error ingestion can skip", async () => {
+    const err = await service.store
+      .insert([
+        {
+          line_id: randomUUID(),
+          ts: new Date().toISOString(),
+          source: "kernel" as "agent",
+          level: "info",
+          app_name: null,
+          branch: null,
+          group_slug: null,
+          service_name: null,
+          deployment_id: null,
+          build_id: null,
+          action_id: null,
+          instance_id: null,
+          message: "x",
+          metadata: {},
+        },
+      ])
+      .catch((e: unknown) => e);
+    expect((err as { code?: string }).code).toBe("23514");
+  });
+});
+
+// Ids used by the dataset below (hex-or-hyphen, as the platform's UUIDs are).
+const D1 = "d1d1d1d1-0000-4000-8000-000000000001";
+const D2 = "d2d2d2d2-0000-4000-8000-000000000002";
+const ACT1 = "acacacac-0000-4000-8000-000000000001";
+const buildN = (n: number) => `b0b0b0b0-0000-4000-8000-00000000000${n}`;
+const ROCKET_BUILD = "b0b0b0b0-0000-4000-8000-0000000000ff";
+
+describe("queries", () => {
+  const shopOneHour: string[] = [];
+
+  beforeAll(async () => {
+    const shop = { app_name: "shop", group_slug: "acme", branch: "main" };
+    const lines: LogLineInput[] = [
+      { ...shop, ts: ago(5 * MIN), source: "agent", service_name: "web", message: "server listening on port 8080" },
+      { ...shop, ts: ago(10 * MIN), source: "agent", level: "warning", service_name: "web", deployment_id: D1, message: "slow request GET /checkout took 2300 ms" },
+      { ...shop, ts: ago(12 * MIN), source: "deploy", service_name: "web", deployment_id: D1, action_id: ACT1, message: "deploy started for tag main-abc" },
+      { ...shop, ts: ago(15 * MIN), source: "deploy", level: "error", service_name: "worker", deployment_id: D1, message: "Health check failed: connection refused" },
+      { ...shop, ts: ago(20 * MIN), source: "container", level: "error", service_name: "worker", message: "payment gateway timeout after 30 s" },
+      { ...shop, ts: ago(25 * MIN), source: "backup", message: "backup bundle written", metadata: { bytes: 1024, files: ["db.dump"] } },
+      { ...shop, branch: "feature-x", ts: ago(4 * MIN), source: "agent", service_name: "web", message: "preview ready" },
+      { ...shop, ts: ago(2 * HOUR), source: "agent", service_name: "web", message: "old line from two hours ago" },
+      { ...shop, ts: ago(8 * DAY), source: "agent", service_name: "web", message: "very old line" },
+      // Seven builds, the newest last; two lines each.
+      ...[1, 2, 3, 4, 5, 6, 7].flatMap((n): LogLineInput[] => [
+        { ...shop, ts: ago((45 - n * 3) * MIN), source: "build", build_id: buildN(n), action_id: buildN(n), message: `build ${n} step compiling assets` },
+        { ...shop, ts: ago((44 - n * 3) * MIN), source: "build", build_id: buildN(n), action_id: buildN(n), message: `build ${n} finished` },
+      ]),
+      { app_name: "rocket", group_slug: "globex", branch: "main", ts: ago(5 * MIN), source: "agent", deployment_id: D2, message: "rocket engine ignition" },
+      { app_name: "rocket", group_slug: "globex", branch: "main", ts: ago(6 * MIN), source: "build", build_id: ROCKET_BUILD, message: "build finished" },
+      { ts: ago(3 * MIN), source: "agent", message: "platform agent started" },
+    ];
+    await shipAndWait(lines, "app_name in ('shop', 'rocket') or (app_name is null and group_slug is null)", [], lines.length);
+    const rows = await db.query<{ message: string }>("select message from log_lines where app_name = 'shop' and ts > now() - interval '1 hour' order by ts desc, id desc");
+    shopOneHour.push(...rows.rows.map((r) => r.message));
+    expect(shopOneHour).toHaveLength(21);
+  });
+
+  const messages = async (caller: Caller, q: Query = {}) => (await query(caller, q)).logs.map((l) => l.message);
+
+  it("answers the last hour of an app, newest first, in the log row shape", async () => {
+    const r = await query(operator, { appName: "shop" });
+    expect(r.logs.map((l) => l.message)).toEqual(shopOneHour);
+    expect(r).toMatchObject({ total: 21, hasMore: false });
+    expect(r.error).toBeUndefined();
+    const backup = r.logs.find((l) => l.source === "backup")!;
+    expect(backup).toMatchObject({ level: "info", appName: "shop", instanceId: "host-1" });
+    expect([backup.serviceName, backup.deploymentId, backup.buildId, backup.actionId]).toEqual([undefined, undefined, undefined, undefined]);
+    expect(JSON.parse(backup.metadataJson)).toEqual({ bytes: 1024, files: ["db.dump"] });
+    const times = r.logs.map((l) => Date.parse(l.timestamp));
+    expect(times).toEqual([...times].sort((a, b) => b - a));
+  });
+
+  it("finds an app by its canonical name too", async () => {
+    expect((await query(operator, { appName: "Shop" })).total).toBe(21);
+  });
+
+  it("reads the window given by since", async () => {
+    // Seven lines of the last 25 minutes, and the lines of builds 5 (its last), 6 and 7.
+    expect((await query(operator, { appName: "shop", since: "30m" })).total).toBe(12);
+    expect((await query(operator, { appName: "shop", since: "3h" })).total).toBe(22);
+    expect((await query(operator, { appName: "shop", since: "7d" })).total).toBe(22);
+    expect((await query(operator, { appName: "shop", since: "9d" })).total).toBe(23);
+    for (const since of ["1y", "abc", "0h", "-1h"]) {
+      expect(await refusal(query(operator, { appName: "shop", since })), since).toMatchObject({ status: 422 });
+    }
+  });
+
+  it("matches agent and backup and container exactly, and deploy as deploy lines plus agent lines of a deployment", async () => {
+    expect(await messages(operator, { appName: "shop", source: "agent" })).toEqual([
+      "preview ready",
+      "server listening on port 8080",
+      "slow request GET /checkout took 2300 ms",
+    ]);
+    expect(await messages(operator, { appName: "shop", source: "deploy" })).toEqual([
+      "slow request GET /checkout took 2300 ms",
+      "deploy started for tag main-abc",
+      "Health check failed: connection refused",
+    ]);
+    expect(await messages(operator, { appName: "shop", source: "container" })).toEqual(["payment gateway timeout after 30 s"]);
+    expect(await messages(operator, { appName: "shop", source: "backup" })).toEqual(["backup bundle written"]);
+  });
+
+  it("reads build as the lines of the 5 most recent builds, or of the build named", async () => {
+    const recent = await query(operator, { appName: "shop", source: "build" });
+    expect(new Set(recent.logs.map((l) => l.buildId))).toEqual(new Set([3, 4, 5, 6, 7].map(buildN)));
+    expect(recent.total).toBe(10);
+    expect(await messages(operator, { source: "build", buildId: buildN(1) })).toEqual(["build 1 finished", "build 1 step compiling assets"]);
+    // Operators without app_name: the most recent builds of every app.
+    const all = await query(operator, { source: "build" });
+    expect(new Set(all.logs.map((l) => l.buildId))).toEqual(new Set([ROCKET_BUILD, ...[4, 5, 6, 7].map(buildN)]));
+  });
+
+  it("filters by service_name and level", async () => {
+    expect(await messages(operator, { appName: "shop", serviceName: "worker" })).toEqual([
+      "Health check failed: connection refused",
+      "payment gateway timeout after 30 s",
+    ]);
+    expect(await messages(operator, { appName: "shop", level: "error" })).toEqual(["Health check failed: connection refused", "payment gateway timeout after 30 s"]);
+    expect(await messages(operator, { appName: "shop", level: "warning" })).toEqual(["slow request GET /checkout took 2300 ms"]);
+    expect(await refusal(query(operator, { level: "debug" }))).toMatchObject({ status: 422 });
+    expect(await refusal(query(operator, { source: "kernel" }))).toMatchObject({ status: 422 });
+  });
+
+  it("searches the full text of message: whole words, any case, every word", async () => {
+    expect(await messages(operator, { search: "connection refused" })).toEqual(["Health check failed: connection refused"]);
+    expect(await messages(operator, { search: "REFUSED Connection" })).toEqual(["Health check failed: connection refused"]);
+    expect(await messages(operator, { search: "payment timeout" })).toEqual(["payment gateway timeout after 30 s"]);
+    expect(await messages(operator, { search: "conn" })).toEqual([]);
+    expect(await messages(operator, { search: "payment refused" })).toEqual([]);
+    expect(await messages(operator, { search: "finished", appName: "rocket" })).toEqual(["build finished"]);
+    expect((await query(operator, { search: "finished", appName: "shop" })).total).toBe(7);
+    expect(await messages(operator, { search: "!!! ???" })).toEqual([]);
+  });
+
+  it("takes an id as naming the owning app: app_name and branch are ignored", async () => {
+    expect(await messages(operator, { deploymentId: D1, appName: "rocket", branch: "nope" })).toEqual([
+      "slow request GET /checkout took 2300 ms",
+      "deploy started for tag main-abc",
+      "Health check failed: connection refused",
+    ]);
+    expect(await messages(operator, { actionId: ACT1.toUpperCase() })).toEqual(["deploy started for tag main-abc"]);
+    expect(await messages(operator, { buildId: buildN(7), appName: "rocket" })).toEqual(["build 7 finished", "build 7 step compiling assets"]);
+    for (const field of ["deploymentId", "buildId", "actionId"] as const) {
+      expect(await refusal(query(operator, { [field]: "not-an-id!" })), field).toMatchObject({ status: 422 });
+    }
+  });
+
+  it("keeps tenants to their own group: another group's app or id reads like an unknown one", async () => {
+    const acme = tenant("acme");
+    const globex = tenant("globex");
+    expect((await query(acme, {})).total).toBe(21);
+    expect(await messages(globex, {})).toEqual(["rocket engine ignition", "build finished"]);
+    expect(await query(acme, { appName: "rocket" })).toMatchObject({ logs: [], total: 0, hasMore: false });
+    expect(await query(acme, { deploymentId: D2 })).toMatchObject({ logs: [], total: 0 });
+    expect(await query(acme, { buildId: ROCKET_BUILD })).toMatchObject({ logs: [], total: 0 });
+    expect(await query(acme, { appName: "no-such-app" })).toMatchObject({ logs: [], total: 0 });
+    expect((await query(globex, { deploymentId: D1 })).total).toBe(0);
+    expect((await query(acme, { deploymentId: D1 })).total).toBe(3);
+    // Platform lines (no group) are for operators only.
+    expect(await messages(acme, { search: "platform" })).toEqual([]);
+    expect(await messages(operator, { search: "platform" })).toEqual(["platform agent started"]);
+    // A selected group the caller is not a member of sees nothing.
+    const stray = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "globex" });
+    expect((await query(stray, { explicitGroup: true })).total).toBe(0);
+  });
+
+  it("lets an operator read every group, or the group it selected", async () => {
+    const all = await query(operator, { limit: 1000 });
+    const apps = new Set(all.logs.map((l) => l.appName ?? null));
+    for (const app of ["shop", "rocket", null]) expect(apps.has(app), String(app)).toBe(true);
+    const selected = makeCaller({ ...operator, selectedGroup: "globex" });
+    expect(await messages(selected, { explicitGroup: true })).toEqual(["rocket engine ignition", "build finished"]);
+    expect((await query(selected, { explicitGroup: false })).total).toBe(all.total);
+  });
+
+  it("uses branch only for the access check", async () => {
+    // Every branch's lines of the app come back: branch is not a filter.
+    expect((await query(operator, { appName: "shop", branch: "main" })).total).toBe(21);
+    expect((await query(operator, { appName: "shop", branch: "feature-x" })).total).toBe(21);
+    expect(await query(operator, { appName: "shop", branch: "nope" })).toMatchObject({ logs: [], total: 0 });
+    expect((await query(tenant("acme"), { appName: "shop", branch: "main" })).total).toBe(21);
+    expect((await query(tenant("globex"), { appName: "shop", branch: "main" })).total).toBe(0);
+  });
+
+  it("pages with limit and offset, and says has_more", async () => {
+    const pages: string[] = [];
+    for (let offset = 0; ; offset += 5) {
+      const r = await query(operator, { appName: "shop", limit: 5, offset });
+      expect(r.total).toBe(21);
+      pages.push(...r.logs.map((l) => l.message));
+      expect(r.hasMore).toBe(offset + r.logs.length < 21);
+      if (!r.hasMore) break;
+    }
+    expect(pages).toEqual(shopOneHour);
+    expect(await query(operator, { appName: "shop", offset: 50 })).toMatchObject({ logs: [], total: 21, hasMore: false });
+    expect((await query(operator, { appName: "shop", limit: 1 })).logs).toHaveLength(1);
+    expect((await query(operator, { appName: "shop", limit: 1000 })).logs).toHaveLength(21);
+    for (const bad of [{ limit: 0 }, { limit: 1001 }, { offset: -1 }]) {
+      expect(await refusal(query(operator, { appName: "shop", ...bad })), JSON.stringify(bad)).toMatchObject({ status: 422 });
+    }
+  });
+
+  it("stops counting past 10 000 and keeps has_more exact", async () => {
+    const now = Date.now();
+    const flood = Array.from({ length: 10_050 }, (_, i) => ({
+      line_id: randomUUID(),
+      ts: new Date(now - 60_000 + i).toISOString(),
+      source: "container" as const,
+      level: "info" as const,
+      app_name: "flood",
+      branch: "main",
+      group_slug: "acme",
+      service_name: "web",
+      deployment_id: null,
+      build_id: null,
+      action_id: null,
+      instance_id: "host-1",
+      message: `flood line ${i}`,
+      metadata: {},
+    }));
+    expect(await service.store.insert(flood)).toBe(10_050);
+    expect(await query(operator, { appName: "flood" })).toMatchObject({ total: 10_001, hasMore: true });
+    const tail = await query(operator, { appName: "flood", offset: 10_000, limit: 100 });
+    expect(tail).toMatchObject({ total: 10_050, hasMore: false });
+    expect(tail.logs).toHaveLength(50);
+    expect(tail.logs.at(-1)!.message).toBe("flood line 0");
+  });
+});
+
+describe("an unreachable store", () => {
+  it("answers an empty page with an error, not a failure", async () => {
+    const port = await freePort();
+    const dead = new LogStore({ url: `postgres://postgres@127.0.0.1:${port}/nowhere`, schema: "health_aggregator", logger });
+    try {
+      const transport = createRouterTransport(routes(service.ctx, dead));
+      const r = await createClient(HealthAggregatorService, transport).queryLogs({ caller: operator, appName: "shop" });
+      expect(r).toMatchObject({ logs: [], total: 0, hasMore: false });
+      expect(r.error).toMatch(/log store is unreachable/);
+    } finally {
+      await dead.close();
+    }
+  });
+});

@@ -1,0 +1,162 @@
+/**
+ * Builds through HTTP only (spec doc 1 sections 2.2, 2.3, 3.1, 4.3, 4.5 queue routes, 4.6):
+ * a real agent clones the fixture repository with git, runs its build command and keeps the
+ * image; the tenant watches the queue and reads the log. A second fleet without an agent shows
+ * the cancel of a queued build cascading to its deploy.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestFleet, type TestFleet } from "@platform/testing";
+import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { call, waitFor } from "./support.ts";
+
+let fleet: TestFleet;
+let api: string;
+let acme: string;
+let globex: string;
+let web: FixtureRepo;
+let failing: FixtureRepo;
+
+async function key(f: TestFleet, group: string, scope = "admin") {
+  await call(f.api, "POST", "/groups", { credential: f.rootKey, body: { slug: group } });
+  return (await call(f.api, "POST", "/keys", { credential: f.rootKey, body: { name: group, scope, group } })).body.key as string;
+}
+
+async function untilFinished(credential: string, buildId: string) {
+  await expect
+    .poll(async () => (await call(api, "GET", `/builds/id/${buildId}`, { credential })).body.status, { timeout: 90_000, interval: 500 })
+    .toMatch(/^(completed|failed|cancelled)$/);
+  return (await call(api, "GET", `/builds/id/${buildId}`, { credential })).body;
+}
+
+beforeAll(async () => {
+  fleet = await startTestFleet();
+  api = fleet.api;
+  acme = await key(fleet, "acme");
+  globex = await key(fleet, "globex");
+  web = await makeFixtureRepo("node-web");
+  failing = await makeFixtureRepo("failing-build");
+  for (const [name, repo] of [["node-web", web], ["failing-build", failing]] as const) {
+    expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: name, repository: repo.url } })).status).toBe(201);
+    await waitFor(async () => (await call(api, "GET", `/apps/${name}`, { credential: acme })).body.preflight_status, (s) => s === "ready");
+  }
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+  await web?.cleanup();
+  await failing?.cleanup();
+});
+
+describe("a build on a real agent", () => {
+  let buildId: string;
+  let tag: string;
+
+  it("is accepted with 202, its tag and action id", async () => {
+    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", repository: web.url, auto_deploy: false } });
+    expect(r.status).toBe(202);
+    expect(r.body).toEqual({ tag: expect.stringMatching(/^main-[0-9a-f]{8}$/), action_id: r.body.build_id, status: "queued", build_id: expect.any(String) });
+    ({ build_id: buildId, tag } = r.body);
+    const app = await call(api, "GET", "/apps/node-web", { credential: acme });
+    expect(app.body.build_count).toBe(1);
+  });
+
+  it("shows in the queue and completes with the commit it built", async () => {
+    // The queue row follows the build through the outbox, a moment after the 202.
+    await expect
+      .poll(async () => (await call(api, "GET", "/deployments/queue?all=true", { credential: acme })).body.map((a: { action_id: string }) => a.action_id), { timeout: 10_000 })
+      .toContain(buildId);
+    const build = await untilFinished(acme, buildId);
+    expect(build).toMatchObject({
+      id: buildId,
+      app_name: "node-web",
+      tag,
+      status: "completed",
+      queue_status: "build_completed",
+      commit_hash: web.head,
+      commit_author: expect.stringContaining("Platform Fixtures"),
+      codebuild_phase: "COMPLETED",
+      error_message: null,
+    });
+    expect(build.images).toEqual([expect.stringContaining(`node-web:${tag}`)]);
+    expect(build.duration_seconds).toBeGreaterThanOrEqual(0);
+    const app = await call(api, "GET", "/apps/node-web", { credential: acme });
+    expect(app.body.latest_build).toBe(tag);
+  });
+
+  it("keeps the build output as its log, and ships the lines to the log store", async () => {
+    const logs = await call(api, "GET", `/builds/id/${buildId.slice(0, 8)}/logs`, { credential: acme });
+    expect(logs.status).toBe(200);
+    expect(logs.body).toMatchObject({ build_id: buildId, app_name: "node-web", tag, status: "completed" });
+    expect(logs.body.log).toContain("build: wrote dist/build-info.txt");
+    expect(logs.body.lines).toBeGreaterThan(2);
+    await expect
+      .poll(async () => (await call(api, "GET", `/logs?build_id=${buildId}&source=build&limit=1000`, { credential: acme })).body.logs?.length ?? 0, { timeout: 15_000 })
+      .toBeGreaterThan(2);
+    const search = await call(api, "GET", `/logs?app_name=node-web&source=build&search=wrote`, { credential: acme });
+    expect(search.body.logs.some((l: { message: string }) => l.message.includes("wrote"))).toBe(true);
+  });
+
+  it("is found by id prefix and by tag, and listed with filters", async () => {
+    expect((await call(api, "GET", `/builds/node-web/${tag}`, { credential: acme })).body.id).toBe(buildId);
+    const list = await call(api, "GET", "/builds?app_name=node-web&limit=1", { credential: acme });
+    expect(list.body).toMatchObject({ total: 1, items: [expect.objectContaining({ id: buildId })] });
+    expect((await call(api, "GET", "/builds?limit=0", { credential: acme })).status).toBe(422);
+    expect((await call(api, "GET", "/builds?limit=201", { credential: acme })).status).toBe(422);
+    expect((await call(api, "GET", `/builds/id/${buildId.slice(0, 7)}`, { credential: acme })).status).toBe(422);
+    expect((await call(api, "GET", "/builds/id/zzzzzzzz", { credential: acme })).status).toBe(422);
+  });
+
+  it("answers 404, never 403, to another group on every build route", async () => {
+    for (const path of [`/builds/id/${buildId}`, `/builds/id/${buildId}/logs`, `/builds/node-web/${tag}`, `/deployments/queue/${buildId}`, `/deployments/queue/${buildId}/diagnose`]) {
+      expect((await call(api, "GET", path, { credential: globex })).status, path).toBe(404);
+    }
+    expect((await call(api, "GET", "/builds?app_name=node-web", { credential: globex })).body).toEqual({ items: [], total: 0 });
+    expect((await call(api, "GET", `/logs?build_id=${buildId}`, { credential: globex })).body.logs).toEqual([]);
+  });
+
+  it("a failing build ends failed with a useful error and its output", async () => {
+    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "failing-build", repository: failing.url, auto_deploy: false } });
+    const build = await untilFinished(acme, r.body.build_id);
+    expect(build.status).toBe("failed");
+    expect(build.error_message).toMatch(/exited with code 1/);
+    const logs = await call(api, "GET", `/builds/id/${r.body.build_id}/logs`, { credential: acme });
+    expect(logs.body.status).toBe("failed");
+    expect(logs.body.log.length).toBeGreaterThan(0);
+  });
+
+  it("refuses a quarantined app with 409 and remediation text, unless preflight is skipped", async () => {
+    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git" } });
+    expect(r.status).toBe(409);
+    expect(r.body.detail).toMatchObject({ code: "preflight_quarantined", message: expect.stringContaining("preflight") });
+    const skipped = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git", auto_deploy: false } });
+    expect(skipped.status).toBe(202);
+  });
+});
+
+describe("cancel", () => {
+  let idle: TestFleet;
+
+  beforeAll(async () => {
+    idle = await startTestFleet({ agent: false });
+  });
+
+  afterAll(async () => {
+    await idle?.stop();
+  });
+
+  it("cancels a queued build and its dependent deploy", async () => {
+    const k = await key(idle, "acme");
+    const r = await call(idle.api, "POST", "/builds?skip_preflight=true", { credential: k, body: { app_name: "queued", repository: "https://example.com/q.git" } });
+    expect(r.status).toBe(202);
+    await expect.poll(async () => (await call(idle.api, "GET", "/deployments/queue", { credential: k })).body.length, { timeout: 15_000 }).toBe(2);
+    const cancel = await call(idle.api, "POST", `/deployments/${r.body.build_id}/cancel`, { credential: k, body: { reason: "changed my mind" } });
+    expect(cancel.status).toBe(200);
+    expect(cancel.body).toMatchObject({ status: "cancelled", cancelled: true, cancel_requested: false, app_name: "queued" });
+    expect(cancel.body.dependents_cancelled).toHaveLength(1);
+    const again = await call(idle.api, "POST", `/deployments/${r.body.build_id}/cancel`, { credential: k });
+    expect(again.body.status).toBe("not_cancellable");
+    await expect.poll(async () => (await call(idle.api, "GET", `/builds/id/${r.body.build_id}`, { credential: k })).body.status, { timeout: 15_000 }).toBe("cancelled");
+    const queue = await call(idle.api, "GET", "/deployments/queue?all=true", { credential: k });
+    expect(queue.body.map((a: { status: string }) => a.status)).toEqual(["cancelled", "cancelled"]);
+  });
+});
