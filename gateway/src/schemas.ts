@@ -123,6 +123,15 @@ export const appSchema = {
     last_build_status: nullableString,
     last_build_error: nullableString,
     preflight_action_id: { type: "string", description: "Registration only: the preflight queued for the new app." },
+    copied_var_keys: { type: "array", items: { type: "string" }, description: "Registration with copy_vars_from_branch: the copied names." },
+    clone_data_scheduled: {
+      type: "object",
+      description: "Registration with clone_data_from_branch.",
+      properties: {
+        source_branch: { type: "string" },
+        components: { type: "object", properties: { db: { type: "boolean" }, drives: { type: "boolean" }, buckets: { type: "boolean" } } },
+      },
+    },
   },
   required: ["id", "app_name", "group_slug", "branch", "repository", "deploy_status", "preflight_status", "urls"],
 } as const;

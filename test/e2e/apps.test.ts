@@ -123,6 +123,38 @@ describe("registration", () => {
   });
 });
 
+describe("registration from another branch", () => {
+  it("copies variables, schedules a data clone and checks a seed reference", async () => {
+    const put = await call(api, "PUT", "/vars/node-web", { credential: acme, body: { branch: "main", variables: { API_URL: "https://x", MODE: "prod" } } });
+    expect(put.status).toBe(200);
+    const copy = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "staging", copy_vars_from_branch: "main" } });
+    expect(copy.status).toBe(201);
+    expect(copy.body.copied_var_keys).toEqual(["API_URL", "MODE"]);
+    expect((await call(api, "GET", "/vars/node-web?branch=staging", { credential: acme })).body.variables).toEqual({ API_URL: "https://x", MODE: "prod" });
+
+    const clone = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main" } });
+    expect(clone.status).toBe(201);
+    expect(clone.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: false, buckets: false } });
+
+    const refusals: Array<[Record<string, unknown>, number]> = [
+      [{ app_name: "node-web", branch: "b1", clone_data_from_branch: "nope" }, 404],
+      [{ app_name: "node-web", branch: "b2", copy_vars_from_branch: "nope" }, 404],
+      [{ app_name: "node-web", branch: "b3", clone_data_from_branch: "main", seed_from_reference: "node-web:main:latest" }, 422],
+      [{ app_name: "node-web", branch: "b4", seed_from_reference: "not a reference" }, 422],
+      [{ app_name: "node-web", branch: "b5", seed_from_reference: "other-app:main:latest" }, 404],
+      [{ app_name: "fresh-app", repository: "https://example.com/fresh.git", copy_vars_from_branch: "main" }, 422],
+    ];
+    for (const [body, status] of refusals) {
+      const r = await call(api, "POST", "/apps", { credential: acme, body: { repository: repos["node-web"]!.url, ...body } });
+      expect(r.status, JSON.stringify(body)).toBe(status);
+    }
+    // Nothing of a refused registration was written.
+    const branches = await call(api, "GET", "/apps/node-web/branches", { credential: acme });
+    expect(branches.body.branches.map((b: { branch: string }) => b.branch)).not.toContain("b1");
+    for (const branch of ["staging", "qa"]) expect((await call(api, "DELETE", `/apps/node-web?branch=${branch}`, { credential: acme })).status).toBe(204);
+  });
+});
+
 describe("preflight outcomes", () => {
   it.each([
     ["no-config", "needs_config", "config_missing"],

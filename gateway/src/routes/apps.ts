@@ -84,6 +84,16 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             database_enabled: { type: "boolean", default: false },
             cache_enabled: { type: "boolean", default: false },
             email_enabled: { type: "boolean", default: false },
+            copy_vars_from_branch: {
+              type: "string",
+              description: "Copy variables from another branch of this app (existing keys never overwritten); 409 when the new branch is or would become production, 404 unknown source, 422 no other branch.",
+            },
+            clone_data_from_branch: { type: "string", description: "Restore data from another branch on the first deploy; same 404 and 409 refusals; 422 with seed_from_reference." },
+            clone_components: {
+              type: "object",
+              properties: { db: { type: "boolean", default: true }, drives: { type: "boolean", default: false }, buckets: { type: "boolean", default: false } },
+            },
+            seed_from_reference: { type: "string", maxLength: 512, description: "`<app>:<branch>:<selector>` in this app or the same group, consumed on the first deploy." },
           },
           required: ["app_name", "repository"],
         },
@@ -109,8 +119,19 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         databaseEnabled: Boolean(b.database_enabled),
         cacheEnabled: Boolean(b.cache_enabled),
         emailEnabled: Boolean(b.email_enabled),
+        copyVarsFromBranch: (b.copy_vars_from_branch as string) ?? "",
+        cloneDataFromBranch: (b.clone_data_from_branch as string) ?? "",
+        cloneComponents: b.clone_components as { db: boolean; drives: boolean; buckets: boolean } | undefined,
+        seedFromReference: (b.seed_from_reference as string) ?? "",
       });
-      return reply.code(201).send({ ...appJson(r.app!, true), preflight_action_id: r.preflightActionId });
+      return reply.code(201).send({
+        ...appJson(r.app!, true),
+        preflight_action_id: r.preflightActionId,
+        ...(b.copy_vars_from_branch !== undefined ? { copied_var_keys: r.copiedVarKeys } : {}),
+        ...(r.cloneDataScheduled
+          ? { clone_data_scheduled: { source_branch: r.cloneDataScheduled.sourceBranch, components: r.cloneDataScheduled.components } }
+          : {}),
+      });
     },
   );
 

@@ -74,7 +74,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
 
       async registerApp(req) {
         const caller = requireCaller(req.caller);
-        const { app, preflightActionId } = await ctx.write((em) =>
+        const { app, preflightActionId, copiedVarKeys, cloneDataScheduled } = await ctx.write((em) =>
           registerApp(
             em,
             caller,
@@ -89,11 +89,20 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
               databaseEnabled: req.databaseEnabled,
               cacheEnabled: req.cacheEnabled,
               emailEnabled: req.emailEnabled,
+              copyVarsFromBranch: req.copyVarsFromBranch,
+              cloneDataFromBranch: req.cloneDataFromBranch,
+              cloneComponents: req.cloneComponents
+                ? { db: req.cloneComponents.db, drives: req.cloneComponents.drives, buckets: req.cloneComponents.buckets }
+                : undefined,
+              seedFromReference: req.seedFromReference,
             },
             policy,
           ),
         );
-        return { app: appMsg(app), preflightActionId };
+        return { app: appMsg(app), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled
+            ? { sourceBranch: cloneDataScheduled.source_branch, components: cloneDataScheduled.components }
+            : undefined,
+        };
       },
 
       async listApps(req) {

@@ -11,6 +11,8 @@ import { App } from "../entities/index.ts";
 import { appNameFrom, branchLabel, checkBranch, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
+import { parseSeedReference, SEED_REFERENCE_MAX } from "./app-settings.ts";
+import { copyVarsForRegistration } from "./variables.ts";
 
 export interface RegisterInput {
   appName: string;
@@ -23,7 +25,21 @@ export interface RegisterInput {
   databaseEnabled?: boolean;
   cacheEnabled?: boolean;
   emailEnabled?: boolean;
+  copyVarsFromBranch?: string;
+  cloneDataFromBranch?: string;
+  cloneComponents?: { db: boolean; drives: boolean; buckets: boolean };
+  seedFromReference?: string;
 }
+
+export interface Registered {
+  app: App;
+  preflightActionId: string;
+  copiedVarKeys: string[] | null;
+  cloneDataScheduled: NonNullable<App["cloneData"]> | null;
+}
+
+/** Default components of a data clone: the database only (spec 4.4 clone_components). */
+export const DEFAULT_CLONE_COMPONENTS = { db: true, drives: false, buckets: false };
 
 export const DEFAULT_CONFIG_PATH = "platform.yaml";
 
@@ -44,7 +60,7 @@ export async function registerApp(
   caller: Caller,
   input: RegisterInput,
   policy: RepositoryPolicy,
-): Promise<{ app: App; preflightActionId: string }> {
+): Promise<Registered> {
   const group = input.groupSlug?.trim() || caller.selectedGroup;
   if (!group) throw PlatformError.invalid("Select the group to register the app in (group_slug or ?group=).");
   if (!canSeeGroup(caller, group)) throw PlatformError.forbidden(`You are not authorised to register apps in group '${group}'.`);
@@ -123,8 +139,33 @@ export async function registerApp(
     baseConfig: null,
     overlay: {},
     seedFromReference: null,
+    cloneData: null,
     createdBy: actor(caller),
   });
+  const siblingOf = async (branchName: string) => em.findOne(App, { appName, branch: branchName, groupSlug: group, id: { $ne: app.id } });
+
+  const seed = input.seedFromReference?.trim();
+  const cloneFrom = input.cloneDataFromBranch?.trim();
+  if (seed && cloneFrom) {
+    throw PlatformError.invalid("seed_from_reference and clone_data_from_branch exclude each other: a first deploy restores from one source.");
+  }
+  if (seed) {
+    if (seed.length > SEED_REFERENCE_MAX) throw PlatformError.invalid(`seed_from_reference must be at most ${SEED_REFERENCE_MAX} characters.`);
+    const parsed = parseSeedReference(seed);
+    if (!parsed) throw PlatformError.invalid(`seed_from_reference '${seed}' is not of the form <app>:<branch>:<selector>.`);
+    const source = await em.findOne(App, { appName: parsed.app, branch: parsed.branch, groupSlug: group });
+    if (!source) throw PlatformError.notFound(`Seed source '${parsed.app}:${parsed.branch}' is not a branch of this app or of an app in group '${group}'.`);
+    app.seedFromReference = seed;
+  }
+  if (cloneFrom) {
+    if (!(await siblingOf(cloneFrom))) throw PlatformError.notFound(`Branch '${cloneFrom}' is not a branch of '${appName}' in group '${group}'.`);
+    if (app.isProduction) {
+      throw PlatformError.conflict({ code: "destination_is_production", message: `Branch '${branch}' would be the production branch of '${appName}'; data is never cloned into production.` });
+    }
+    app.cloneData = { source_branch: cloneFrom, components: input.cloneComponents ?? DEFAULT_CLONE_COMPONENTS };
+  }
+  const copyFrom = input.copyVarsFromBranch?.trim();
+  const copiedVarKeys = copyFrom ? await copyVarsForRegistration(em, app, copyFrom) : null;
   const preflightActionId = requeuePreflight(em, app);
-  return { app, preflightActionId };
+  return { app, preflightActionId, copiedVarKeys, cloneDataScheduled: app.cloneData ?? null };
 }

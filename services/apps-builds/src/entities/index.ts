@@ -51,6 +51,7 @@ export const AppSchema = defineEntity({
     /** Dashboard edits over the base: `{path: {value, base}}` (spec 4.4 config layers). */
     overlay: p.json<Record<string, { value: unknown; base: unknown }>>(),
     seedFromReference: p.text().nullable(),
+    cloneData: p.json<{ source_branch: string; components: { db: boolean; drives: boolean; buckets: boolean } }>().nullable(),
     /** Deploy settings as the client sent them (register or PATCH): an object, and two lists. */
     deployConfig: p.json<Record<string, unknown>>().nullable(),
     deployServices: p.json<unknown[]>().nullable(),
