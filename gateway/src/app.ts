@@ -78,9 +78,11 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   authRoutes(app, identity, cache);
   appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
   appSettingsRoutes(app, apps);
-  buildRoutes(app, apps);
-  queueRoutes(app, createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL));
-  logRoutes(app, createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL));
+  const queue = createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL);
+  const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL);
+  buildRoutes(app, apps, queue, health);
+  queueRoutes(app, queue);
+  logRoutes(app, health);
   varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);
 

@@ -1,6 +1,9 @@
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
-import type { AppsBuildsService, Build } from "@platform/proto";
+import type { AppsBuildsService, Build, DeployQueueService, HealthAggregatorService } from "@platform/proto";
+import { PlatformError } from "@platform/errors";
+import { platformErrorOf } from "@platform/rpc";
+import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isRunning } from "../domain/build-log.ts";
 import { callerOf } from "../access.ts";
 import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
@@ -66,7 +69,12 @@ const buildIdParams = {
   required: ["build_id"],
 } as const;
 
-export function buildRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>): void {
+export function buildRoutes(
+  app: FastifyInstance,
+  apps: Client<typeof AppsBuildsService>,
+  queue: Client<typeof DeployQueueService>,
+  health: Client<typeof HealthAggregatorService>,
+): void {
   app.post(
     "/api/builds",
     {
@@ -185,7 +193,7 @@ export function buildRoutes(app: FastifyInstance, apps: Client<typeof AppsBuilds
       config: { access: { scope: "read" } },
       schema: {
         tags: ["builds"],
-        summary: "The build's log (doc 1 section 2.3).",
+        summary: "The build's log (doc 1 section 2.3): stored at completion; a live tail while it runs; synthesised from the queue (source: queue) when no builds row exists.",
         params: buildIdParams,
         querystring: { type: "object", properties: commonQuery },
         response: {
@@ -210,19 +218,27 @@ export function buildRoutes(app: FastifyInstance, apps: Client<typeof AppsBuilds
     },
     async (request) => {
       const { build_id } = request.params as { build_id: string };
-      const b = await apps.getBuild({ caller: callerOf(request), buildId: build_id, explicitGroup: request.explicitGroup });
-      const log = b.log ?? "";
-      const running = !["completed", "failed", "cancelled"].includes(b.status);
-      return {
-        build_id: b.id,
-        app_name: b.appName,
-        tag: b.tag,
-        status: b.status,
-        queue_status: orNull(b.queueStatus),
-        message: running ? `The build is ${b.queueStatus.replaceAll("_", " ")}; follow its output with GET /api/logs?build_id=${b.id}.` : null,
-        log,
-        lines: log ? log.split("\n").filter((l, i, all) => l !== "" || i < all.length - 1).length : 0,
-      };
+      const caller = callerOf(request);
+      let build: Build;
+      try {
+        build = await apps.getBuild({ caller, buildId: build_id, explicitGroup: request.explicitGroup });
+      } catch (err) {
+        if (platformErrorOf(err)?.status !== 404) throw err;
+        // No builds row: the queue may still know the action (a build that failed before its record).
+        try {
+          return fromQueue(await queue.getAction({ caller, actionId: build_id }));
+        } catch (queueErr) {
+          if (platformErrorOf(queueErr)?.status !== 404) throw queueErr;
+          throw PlatformError.notFound(`No build and no queue action matches '${build_id}'`);
+        }
+      }
+      if (!isRunning(build) || build.log) return fromBuild(build, null);
+      try {
+        const tail = await health.queryLogs({ caller, buildId: build.id, source: "build", since: "7d", limit: LIVE_TAIL_LIMIT });
+        return fromBuild(build, tail.error ? null : { rows: tail.logs, more: tail.hasMore });
+      } catch {
+        return fromBuild(build, null);
+      }
     },
   );
 

@@ -1,0 +1,84 @@
+/**
+ * The build log response (spec doc 1 sections 2.3 and 4.3 "Build logs behaviour"), composed
+ * from three reads: the builds row's stored log; while the build runs, a live tail of the lines
+ * the agent shipped; and, when no builds row exists, the queue action (`source: queue`).
+ */
+import type { Action, Build, LogRow } from "@platform/proto";
+
+export interface BuildLogResponse {
+  build_id: string;
+  app_name: string;
+  tag: string;
+  status: string;
+  queue_status: string | null;
+  message: string | null;
+  log: string;
+  lines: number;
+  source?: "queue";
+}
+
+export const LIVE_TAIL_LIMIT = 1000;
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+
+function countLines(log: string): number {
+  if (!log) return 0;
+  return log.endsWith("\n") ? log.split("\n").length - 1 : log.split("\n").length;
+}
+
+function lineText(row: LogRow): string {
+  return row.serviceName ? `[${row.serviceName}] ${row.message}` : row.message;
+}
+
+export function isRunning(build: Build): boolean {
+  return !TERMINAL.has(build.status);
+}
+
+/** A finished build's stored log, or the live tail while it runs (`tail` null: the read failed). */
+export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } | null): BuildLogResponse {
+  const base = { build_id: build.id, app_name: build.appName, tag: build.tag, status: build.status, queue_status: build.queueStatus || null };
+  if (!isRunning(build) || build.log) {
+    const log = build.log ?? "";
+    return { ...base, message: log ? null : "This build stored no output.", log, lines: countLines(log) };
+  }
+  if (tail === null) {
+    return { ...base, message: "The build is running but its live output could not be read; try again in a moment.", log: "", lines: 0 };
+  }
+  // The log store answers newest first; a log reads oldest first.
+  const log = tail.rows.map(lineText).reverse().join("\n");
+  const truncation = tail.more ? ` (truncated to the last ${LIVE_TAIL_LIMIT} lines)` : "";
+  return {
+    ...base,
+    message: `In-progress stream: the build is ${build.queueStatus.replaceAll("_", " ")}; this is its output so far${truncation}.`,
+    log,
+    lines: countLines(log),
+  };
+}
+
+/** No builds row (the build failed before its record existed): synthesised from the queue action. */
+export function fromQueue(action: Action): BuildLogResponse {
+  let phases: Record<string, string> = {};
+  try {
+    const result = JSON.parse(action.resultJson || "{}") as { phases?: Record<string, string> };
+    phases = result.phases ?? {};
+  } catch {
+    phases = {};
+  }
+  const log = Object.entries(phases)
+    .map(([phase, output]) => `== ${phase}\n${output}`)
+    .join("\n");
+  const message =
+    action.errorMessage ||
+    (TERMINAL.has(action.status) ? null : `The action is ${action.status}; run GET /api/deployments/queue/${action.actionId}/diagnose to see why.`);
+  const tag = action.imageTag ?? "";
+  return {
+    build_id: action.actionId,
+    app_name: action.appName,
+    tag,
+    status: action.status,
+    queue_status: action.queueStatus || null,
+    message: message ?? null,
+    log,
+    lines: countLines(log),
+    source: "queue",
+  };
+}

@@ -1,0 +1,51 @@
+import { describe, expect, it } from "vitest";
+import { create } from "@bufbuild/protobuf";
+import { ActionSchema, BuildSchema, LogRowSchema } from "@platform/proto";
+import { fromBuild, fromQueue } from "../src/domain/build-log.ts";
+
+const running = create(BuildSchema, { id: "b1", appName: "web", tag: "main-1", status: "queued", queueStatus: "build_in_progress" });
+const row = (id: number, message: string) => create(LogRowSchema, { id: BigInt(id), message, serviceName: "web" });
+
+describe("build log", () => {
+  it("returns the stored log of a finished build", () => {
+    const done = create(BuildSchema, { ...running, status: "completed", queueStatus: "build_completed", log: "a\nb" });
+    expect(fromBuild(done, null)).toMatchObject({ status: "completed", log: "a\nb", lines: 2, message: null });
+  });
+
+  it("streams the live tail oldest first while the build runs, flagging truncation", () => {
+    const r = fromBuild(running, { rows: [row(2, "second"), row(1, "first")], more: true });
+    expect(r.log).toBe("[web] first\n[web] second");
+    expect(r.lines).toBe(2);
+    expect(r.message).toMatch(/^In-progress stream: .*build in progress.*truncated/);
+    expect(r.status).toBe("queued");
+    expect(r).not.toHaveProperty("source");
+  });
+
+  it("degrades to a retry message when the live read fails", () => {
+    expect(fromBuild(running, null)).toMatchObject({ log: "", lines: 0, message: expect.stringContaining("try again") });
+  });
+
+  it("synthesises from the queue action with per-phase output and source queue", () => {
+    const action = create(ActionSchema, {
+      actionId: "a1",
+      appName: "web",
+      status: "failed",
+      queueStatus: "build_failed",
+      errorMessage: "Clone failed: no such repository",
+      resultJson: JSON.stringify({ phases: { clone: "Cloning main" } }),
+    });
+    expect(fromQueue(action)).toEqual({
+      build_id: "a1",
+      app_name: "web",
+      tag: "",
+      status: "failed",
+      queue_status: "build_failed",
+      message: "Clone failed: no such repository",
+      log: "== clone\nCloning main",
+      lines: 2,
+      source: "queue",
+    });
+    const waiting = create(ActionSchema, { actionId: "a2", appName: "web", status: "queued" });
+    expect(fromQueue(waiting).message).toContain("/api/deployments/queue/a2/diagnose");
+  });
+});
