@@ -79,7 +79,7 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
         description:
           "Without app_name a tenant reads its group's lines; operators read every group's unless they select one. " +
           "Source semantics: `agent`, `backup` and `container` match that source exactly; `deploy` matches deploy lines and agent lines " +
-          "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds in the window (or of build_id). " +
+          "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds with lines in the window (or of the build an id names). " +
           "`total` is exact up to 10 000 (or offset + limit when larger); past that it reports that bound plus one, and has_more stays exact. " +
           "When the log store is unreachable the answer is still 200: empty logs and an `error` text.",
         querystring: {

@@ -233,6 +233,11 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
         const consumer = await js.consumers.get(opts.stream, opts.durable);
         const messages = await consumer.consume({ max_messages: 64 });
         current = messages;
+        // stop() may have run while the consumer was being set up.
+        if (stopped) {
+          void messages.close();
+          break;
+        }
         for await (const msg of messages) {
           const parent = extractTraceContext(headersCarrier(msg.headers));
           try {
@@ -255,7 +260,8 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
   return {
     async stop() {
       stopped = true;
-      await current?.close();
+      // close() settles once the iterator drains; the loop's own exit is what we wait for.
+      void current?.close();
       await loop;
     },
   };
@@ -274,7 +280,8 @@ export async function handleOnce(
   const event = msg.json<EventEnvelope>();
   if (typeof event.id !== "string" || !event.id) {
     // Not an outbox event: redelivering it would never make it one.
-    msg.term(`event on ${msg.subject} has no id`);
+    // No reason text: nats-server 2.9 ignores a +TERM that carries one.
+    msg.term();
     return false;
   }
   return orm.em.fork().transactional(async (em) => {

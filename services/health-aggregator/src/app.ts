@@ -6,6 +6,7 @@ import { loadConfig, serviceEnv } from "@platform/config";
 import { startService, type RunningService, type ServiceConfig } from "@platform/service";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
+import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
@@ -29,7 +30,7 @@ export async function build(
     name: "health-aggregator",
     config,
     entities,
-    migrations,
+    migrations: [...migrations, ...logBuildsMigrations],
     // Called after onStart, which has opened the store.
     routes: (ctx) => routes(ctx, store!),
     async onStart(ctx) {

@@ -199,6 +199,9 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
         const consumer = await bus.js.consumers.get(stream, LOG_CONSUMER);
         const messages = await consumer.consume({ max_messages: maxMessages });
         current = messages;
+        // stop() may have run while this consume was being set up: it could not close it then.
+        // (Not awaited: close() settles only once the iterator below has ended.)
+        if (stopped) void messages.close();
         for await (const msg of messages) {
           add(msg);
           if (queued >= maxMessages * 4) await chain;

@@ -140,9 +140,10 @@ describe("logSql", () => {
     const deploy = logSql(normaliseLogQuery({ source: "deploy" }, now), { kind: "all" }).page.text;
     expect(deploy).toContain("(source = 'deploy' or (source = 'agent' and deployment_id is not null))");
     const build = logSql(normaliseLogQuery({ source: "build" }, now), { kind: "all" }).page.text;
-    expect(build).toMatch(/build_id in \(select b\.build_id .* limit 5\)/);
-    const oneBuild = logSql(normaliseLogQuery({ source: "build", buildId: "abc" }, now), { kind: "all" }).page.text;
-    expect(oneBuild).not.toContain("limit 5");
+    expect(build).toMatch(/build_id in \(select rb\.build_id from log_builds rb where .* order by rb\.first_ts desc limit 5\)/);
+    for (const id of [{ buildId: "abc" }, { actionId: "abc" }, { deploymentId: "abc" }]) {
+      expect(logSql(normaliseLogQuery({ source: "build", ...id }, now), { kind: "all" }).page.text).not.toContain("log_builds");
+    }
   });
 });
 

@@ -316,6 +316,11 @@ describe("queries", () => {
     expect(new Set(recent.logs.map((l) => l.buildId))).toEqual(new Set([3, 4, 5, 6, 7].map(buildN)));
     expect(recent.total).toBe(10);
     expect(await messages(operator, { source: "build", buildId: buildN(1) })).toEqual(["build 1 finished", "build 1 step compiling assets"]);
+    // A build's action id names it as well (an id names its build: no most-recent rule then).
+    expect(await messages(operator, { source: "build", actionId: buildN(2) })).toEqual(["build 2 finished", "build 2 step compiling assets"]);
+    // A tenant's most recent builds are its group's.
+    const acme = await query(tenant("acme"), { source: "build" });
+    expect(new Set(acme.logs.map((l) => l.buildId))).toEqual(new Set([3, 4, 5, 6, 7].map(buildN)));
     // Operators without app_name: the most recent builds of every app.
     const all = await query(operator, { source: "build" });
     expect(new Set(all.logs.map((l) => l.buildId))).toEqual(new Set([ROCKET_BUILD, ...[4, 5, 6, 7].map(buildN)]));

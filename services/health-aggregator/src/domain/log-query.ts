@@ -17,7 +17,7 @@ export const MAX_SINCE_MS = 365 * 24 * 3600 * 1000;
  * bound plus one, a lower bound, so a broad search never counts a million rows.
  */
 export const COUNT_CAP = 10_000;
-/** `source=build` without build_id reads the lines of this many most recent builds. */
+/** `source=build` without an id reads the lines of this many most recent builds (by their first line). */
 export const RECENT_BUILDS = 5;
 export const MAX_SEARCH_CHARS = 500;
 
@@ -178,17 +178,13 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
   const action = q.actionId ? param(q.actionId) : null;
   const app = q.appName ? param(q.appName) : null;
 
-  /** The lines of the owning app within the window and scope: what the 5-most-recent-builds rule ranks too. */
-  const owned = (alias: string): string[] => {
-    const c = [`${alias}ts >= ${since}`];
-    if (group) c.push(`${alias}group_slug = ${group}`);
-    if (deployment) c.push(`${alias}deployment_id = ${deployment}`);
-    if (build) c.push(`${alias}build_id = ${build}`);
-    if (action) c.push(`${alias}action_id = ${action}`);
-    if (app) c.push(`${alias}app_name = ${app}`);
-    return c;
-  };
-  const where = owned("");
+  // The window, the scope, and the owning app.
+  const where = [`ts >= ${since}`];
+  if (group) where.push(`group_slug = ${group}`);
+  if (deployment) where.push(`deployment_id = ${deployment}`);
+  if (build) where.push(`build_id = ${build}`);
+  if (action) where.push(`action_id = ${action}`);
+  if (app) where.push(`app_name = ${app}`);
   if (app && q.branch) {
     // branch only scopes the access check: the caller must be able to see the app on that branch.
     where.push(
@@ -204,12 +200,13 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
       break;
     case "build":
       where.push("source = 'build'");
-      if (!q.buildId) {
-        // The shipped lines of the most recent builds (the builds table belongs to apps-builds).
-        where.push(
-          `build_id in (select b.build_id from log_lines b where ${owned("b.").join(" and ")} and b.source = 'build' and b.build_id is not null ` +
-            `group by b.build_id order by max(b.ts) desc limit ${RECENT_BUILDS})`,
-        );
+      if (!deployment && !build && !action) {
+        // The shipped lines of the most recent builds, newest start first: log_builds is what
+        // the build lines told (the builds table belongs to apps-builds). An id names its build.
+        const recent = [`rb.last_ts >= ${since}`];
+        if (group) recent.push(`rb.group_slug = ${group}`);
+        if (app) recent.push(`rb.app_name = ${app}`);
+        where.push(`build_id in (select rb.build_id from log_builds rb where ${recent.join(" and ")} order by rb.first_ts desc limit ${RECENT_BUILDS})`);
       }
       break;
     default:

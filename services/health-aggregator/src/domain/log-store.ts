@@ -108,6 +108,19 @@ with input as (
   group by app_name, branch order by app_name, branch
   on conflict (app_name, branch) do update set group_slug = excluded.group_slug, last_seen_at = greatest(log_branches.last_seen_at, excluded.last_seen_at)
   where log_branches.group_slug is distinct from excluded.group_slug or log_branches.last_seen_at < excluded.last_seen_at - interval '1 minute'
+), builds as (
+  insert into log_builds (build_id, app_name, group_slug, first_ts, last_ts)
+  select build_id, (array_agg(app_name order by ts desc))[1], (array_agg(group_slug order by ts desc))[1], min(ts), max(ts)
+  from input where source = 'build' and build_id is not null
+  group by build_id order by build_id
+  on conflict (build_id) do update set
+    app_name = coalesce(excluded.app_name, log_builds.app_name),
+    group_slug = coalesce(excluded.group_slug, log_builds.group_slug),
+    first_ts = least(log_builds.first_ts, excluded.first_ts),
+    last_ts = greatest(log_builds.last_ts, excluded.last_ts)
+  where excluded.first_ts < log_builds.first_ts or excluded.last_ts > log_builds.last_ts
+    or excluded.app_name <> log_builds.app_name or excluded.group_slug <> log_builds.group_slug
+    or (log_builds.app_name is null and excluded.app_name is not null) or (log_builds.group_slug is null and excluded.group_slug is not null)
 )
 select count(*)::int as inserted from stored`;
 
@@ -119,7 +132,8 @@ export class LogStore {
   constructor(opts: LogStoreOptions) {
     const common = {
       connectionString: opts.url,
-      options: `-c search_path=${opts.schema}`,
+      // JIT compilation costs more than these short queries take.
+      options: `-c search_path=${opts.schema} -c jit=off`,
       connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
       application_name: "health-aggregator",
     };

@@ -48,4 +48,23 @@ export const LogBranchSchema = defineEntity({
 export class LogBranch extends LogBranchSchema.class {}
 LogBranchSchema.setClass(LogBranch);
 
-export const entities = [LogLineSchema, LogBranchSchema];
+/**
+ * A build as its shipped lines tell of it (first and last line): `source=build` reads the lines
+ * of the most recent builds (spec doc 1 section 4.6) without reading apps-builds' builds table.
+ * Kept by ingestion.
+ */
+export const LogBuildSchema = defineEntity({
+  name: "LogBuild",
+  tableName: "log_builds",
+  properties: {
+    buildId: p.text().primary(),
+    appName: p.text().nullable(),
+    groupSlug: p.text().nullable(),
+    firstTs: p.datetime(),
+    lastTs: p.datetime(),
+  },
+});
+export class LogBuild extends LogBuildSchema.class {}
+LogBuildSchema.setClass(LogBuild);
+
+export const entities = [LogLineSchema, LogBranchSchema, LogBuildSchema];
