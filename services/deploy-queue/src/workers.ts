@@ -3,16 +3,33 @@
  * the heartbeat subscription feeding the agents registry, and the periodic jobs (re-dispatch away
  * from silent hosts, pruning of terminal rows).
  */
-import { handleOnce, runConsumer, subjects, type EventEnvelope, type RunningConsumer } from "@platform/bus";
+import { handleOnce, runConsumer, subjects, traceHeaders, type Bus, type EventEnvelope, type RunningConsumer } from "@platform/bus";
+import type { Logger } from "@platform/logger";
 import type { ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
 import { acceptBuildRequest, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
-import { redispatchFromSilentHosts } from "./domain/placement.ts";
+import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const BUILD_REQUESTED_LEDGER = "deploy-queue.build-requested";
 const REDISPATCH_INTERVAL_MS = 30_000;
+
+/**
+ * Publishes committed work messages at once, as the relay would (envelope `{id, data}`,
+ * `Nats-Msg-Id` = the outbox event id), so an agent need not wait for the relay's next batch.
+ * Only after the transaction that enqueued them has committed. A failure is left to the relay,
+ * which publishes every outbox row anyway; its copy is dropped by JetStream as a duplicate.
+ */
+export async function publishDispatched(bus: Bus, dispatched: Dispatched[], logger: Logger): Promise<void> {
+  for (const d of dispatched) {
+    try {
+      await bus.js.publish(bus.subject(d.subject), JSON.stringify({ id: d.eventId, data: d.message }), { msgID: d.eventId, headers: traceHeaders() });
+    } catch (err) {
+      logger.warn({ err, action_id: d.message.action_id }, "work message not published at once; the outbox relay will");
+    }
+  }
+}
 
 export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningConsumer> {
   const { bus } = ctx;
@@ -32,13 +49,19 @@ export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningC
         msg.term("malformed build_requested event");
         return;
       }
+      const dispatched: Dispatched[] = [];
       const handled = await handleOnce(ctx.orm, BUILD_REQUESTED_LEDGER, msg, async (em) => {
-        const created = await acceptBuildRequest(em, request, new Date());
+        dispatched.length = 0;
+        const created = await acceptBuildRequest(em, request, new Date(), dispatched);
         if (created.length > 0) {
           ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`), app: created[0]!.appName }, "build request queued");
         }
       });
-      if (handled) ctx.relay.kick();
+      if (handled) {
+        // Committed: the agents get their work now rather than after the relay's next batch.
+        await publishDispatched(bus, dispatched, ctx.logger);
+        ctx.relay.kick();
+      }
     },
   });
 }

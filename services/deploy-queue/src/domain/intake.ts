@@ -7,7 +7,7 @@
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { announce } from "./events.ts";
-import { agentLoads, dispatch } from "./placement.ts";
+import { agentLoads, dispatch, type Dispatched } from "./placement.ts";
 
 /** The event's data, as apps-builds enqueues it. */
 export interface BuildRequested {
@@ -61,9 +61,10 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
 
 /**
  * Creates and dispatches the actions of a build request. Idempotent on the build id as well as
- * on the event id (the consumer's ledger): an existing BUILD action means nothing to do.
+ * on the event id (the consumer's ledger): an existing BUILD action means nothing to do. The work
+ * messages enqueued are added to `dispatched` (see publishDispatched).
  */
-export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date): Promise<Action[]> {
+export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date, dispatched?: Dispatched[]): Promise<Action[]> {
   if (await em.findOne(Action, { id: req.build_id })) return [];
   const common = {
     groupSlug: req.group_slug,
@@ -114,8 +115,8 @@ export async function acceptBuildRequest(em: EntityManager, req: BuildRequested,
     );
   }
   const loads = await agentLoads(em, now);
-  const buildHost = await dispatch(em, build, now, { loads });
-  for (const action of created.slice(1)) await dispatch(em, action, now, { loads, preferHost: buildHost });
+  const buildHost = await dispatch(em, build, now, { loads, dispatched });
+  for (const action of created.slice(1)) await dispatch(em, action, now, { loads, preferHost: buildHost, dispatched });
   for (const action of created) announce(em, action, now);
   return created;
 }

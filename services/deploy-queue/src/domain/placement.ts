@@ -61,10 +61,27 @@ export function workSubject(hostId: string | null): string {
 }
 
 /**
+ * A work message enqueued in the outbox of a transaction. Once that transaction has committed,
+ * `publishDispatched` sends it at once instead of leaving it to the relay's next batch; the relay
+ * still publishes the row (the guarantee), with the same `Nats-Msg-Id`, and JetStream drops that
+ * copy as a duplicate.
+ */
+export interface Dispatched {
+  eventId: string;
+  subject: string;
+  message: WorkMessage;
+}
+
+/**
  * Places `action` and enqueues its work message. `loads` may be passed when several actions are
  * dispatched in one transaction; they are updated as actions are assigned.
  */
-export async function dispatch(em: EntityManager, action: Action, now: Date, opts: { loads?: AgentLoad[]; preferHost?: string | null } = {}): Promise<string | null> {
+export async function dispatch(
+  em: EntityManager,
+  action: Action,
+  now: Date,
+  opts: { loads?: AgentLoad[]; preferHost?: string | null; dispatched?: Dispatched[] } = {},
+): Promise<string | null> {
   const loads = opts.loads ?? (await agentLoads(em, now));
   const hostId = choosePlacement(loads, now, opts.preferHost);
   const load = loads.find((l) => l.hostId === hostId);
@@ -73,7 +90,9 @@ export async function dispatch(em: EntityManager, action: Action, now: Date, opt
   action.dispatchedTo = hostId;
   action.dispatchedAt = now;
   const message: WorkMessage = { action_id: action.id, action_type: action.actionType };
-  enqueueEvent(em, workSubject(hostId), { ...message });
+  const subject = workSubject(hostId);
+  const eventId = enqueueEvent(em, subject, { ...message });
+  opts.dispatched?.push({ eventId, subject, message });
   return hostId;
 }
 
