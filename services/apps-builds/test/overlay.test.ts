@@ -12,35 +12,13 @@ import {
   staleOverlayPaths,
   type Overlay,
 } from "../src/domain/overlay.ts";
+import { containerConfig } from "../../../libs/app-config/test/fixtures.ts";
 
-/** The ARCHITECTURE section 6 example, as the repository base (a fresh copy each call). */
+/** The ARCHITECTURE section 6 example with a second cron job, as the repository base (a fresh copy each call). */
 function base(): Record<string, any> {
-  return {
-    type: "container",
-    services: {
-      web: {
-        build: "npm ci && npm run build",
-        run: "node server.js",
-        port: 8080,
-        health: "/healthz",
-        replicas: 1,
-        memory_mb: 256,
-        mount: "/",
-      },
-      worker: { run: "node worker.js", background: true },
-    },
-    database: { enabled: true },
-    cache: { enabled: false },
-    email: { enabled: true },
-    storage: {
-      drives: [{ name: "uploads", size_gb: 1, mount: "/data/uploads" }],
-      buckets: [{ name: "media" }],
-    },
-    cron: [
-      { name: "nightly", schedule: "0 3 * * *", path: "/cron/nightly", enabled: true },
-      { name: "hourly", schedule: "0 * * * *", path: "/cron/hourly" },
-    ],
-  };
+  const config = containerConfig();
+  config.cron.push({ name: "hourly", schedule: "0 * * * *", path: "/cron/hourly" });
+  return config;
 }
 
 /** Every leaf path of `base()`, in document order. */
