@@ -1,0 +1,889 @@
+/**
+ * The `process` runtime driver (ARCHITECTURE section 5): each replica is `sh -c <run command>` in
+ * its own process group, sandboxed with bubblewrap and memory-limited through a cgroup when the
+ * host allows it (both probed at run time). Replicas outlive the agent: their stdout and stderr
+ * are files, not pipes, and `<runDir>/replicas/<id>/replica.json` records what adopt() needs after
+ * an agent restart. Output is followed by reading those files incrementally, for own children and
+ * adopted replicas alike; what has been read goes into `output.log`, the merged, ordered view that
+ * tail() reads, and the read position is saved so that lines written while the agent was away are
+ * neither lost nor reported twice.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { constants, watch, type FSWatcher } from "node:fs";
+import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, rmdir, stat, truncate, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { Logger } from "@platform/logger";
+import type { ExitInfo, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
+
+export interface ProcessDriverOptions {
+  runDir: string;
+  logger?: Logger;
+  sandbox?: "auto" | "off";
+  memoryLimits?: "auto" | "off";
+}
+
+type Stream = "stdout" | "stderr";
+const STREAMS: Stream[] = ["stdout", "stderr"];
+
+const OUTPUT_POLL_MS = 200;
+const EXIT_POLL_MS = 500;
+/** `output.log` is rotated to `output.log.1` at this size, so a replica keeps at most twice it. */
+const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
+/** The raw stream files are emptied once read past this size: `output.log` keeps the history. */
+const RAW_TRUNCATE_BYTES = 1024 * 1024;
+const READ_CHUNK_BYTES = 1024 * 1024;
+/** A replica that writes without newlines must not grow the agent's memory without bound. */
+const MAX_LINE_BYTES = 64 * 1024;
+/** After SIGKILL a process can still take a while (uninterruptible I/O); past this stop() gives up waiting. */
+const KILL_WAIT_MS = 10_000;
+const REMOVE_GRACE_MS = 10_000;
+/** The exit event of an own child follows the disappearance of its process group by milliseconds. */
+const LEADER_EXIT_WAIT_MS = 2_000;
+const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
+
+/** What replica.json holds. */
+interface ReplicaRecord {
+  spec: ReplicaSpec;
+  pid: number;
+  startedAt: string;
+  /** Field 22 of /proc/<pid>/stat: tells the replica from a later process that got the same pid. */
+  procStart: string;
+  cgroup: string | null;
+  /** The cgroup's OOM kill count at start: a cgroup reused by a restart keeps its old count. */
+  oomBase: number;
+  sandboxed: boolean;
+  exit?: { code: number | null; signal: string | null; oomKilled: boolean; at: string };
+}
+
+interface Cursor {
+  /** Bytes of the stream file read so far. */
+  pos: number;
+  /** The end of the stream read after the last newline: a line still being written. */
+  pending: Buffer;
+}
+
+interface Replica {
+  record: ReplicaRecord;
+  dir: string;
+  startedAt: Date;
+  running: boolean;
+  exit: ExitInfo | null;
+  /** Our own child (null when adopted): its exit event gives the exit code. */
+  child: ChildProcess | null;
+  onChildExit: ((code: number | null, signal: NodeJS.Signals | null) => void) | null;
+  leaderExit: Promise<{ code: number | null; signal: string | null }> | null;
+  leaderDone: boolean;
+  /** stop() or remove() asked for this exit: it is recorded, not reported. */
+  stopRequested: boolean;
+  stopping: Promise<void> | null;
+  finishing: Promise<void> | null;
+  cursors: Record<Stream, Cursor>;
+  /** Output reads run one after another, so that lines keep their order. */
+  reads: Promise<void>;
+  readQueued: boolean;
+  watchers: FSWatcher[];
+}
+
+interface ProcStat {
+  state: string;
+  pgrp: number;
+  start: string;
+}
+
+async function procStat(pid: number): Promise<ProcStat | null> {
+  try {
+    const text = await readFile(`/proc/${pid}/stat`, "utf8");
+    // The command name (field 2) may hold spaces and parentheses: fields are counted after the last ")".
+    const fields = text.slice(text.lastIndexOf(")") + 2).split(" ");
+    return { state: fields[0] ?? "", pgrp: Number(fields[2]), start: fields[19] ?? "" };
+  } catch {
+    return null;
+  }
+}
+
+const isLive = (s: ProcStat | null): s is ProcStat => s !== null && s.state !== "Z" && s.state !== "X";
+
+/**
+ * Whether any process of the group still runs. Zombies do not count: an adopted replica's leader
+ * may stay a zombie for as long as its new parent fails to reap it.
+ */
+async function groupAlive(pgid: number): Promise<boolean> {
+  try {
+    process.kill(-pgid, 0);
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+  const entries = await readdir("/proc").catch(() => [] as string[]);
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    const s = await procStat(Number(entry));
+    if (isLive(s) && s.pgrp === pgid) return true;
+  }
+  return false;
+}
+
+function signalGroup(pgid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(-pgid, signal);
+  } catch {
+    // Already gone.
+  }
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+async function waitFor(check: () => Promise<boolean>, timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check()) return true;
+    if (Date.now() >= deadline) return false;
+    await sleep(Math.min(50, Math.max(1, deadline - Date.now())));
+  }
+}
+
+function errorMessage(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+async function findOnPath(name: string): Promise<string | null> {
+  for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
+    if (!dir) continue;
+    const file = path.join(dir, name);
+    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
+  }
+  return null;
+}
+
+async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
+  const tmp = `${file}.tmp`;
+  await writeFile(tmp, JSON.stringify(value));
+  await rename(tmp, file);
+}
+
+/** The last `n` lines of a file, reading backwards from its end only as far as needed. */
+async function lastLines(file: string, n: number): Promise<string[]> {
+  if (n <= 0) return [];
+  const fh = await open(file, "r").catch(() => null);
+  if (!fh) return [];
+  try {
+    const { size } = await fh.stat();
+    let len = Math.min(size, 64 * 1024);
+    for (;;) {
+      const buf = Buffer.alloc(len);
+      const { bytesRead } = await fh.read(buf, 0, len, size - len);
+      const lines = buf.subarray(0, bytesRead).toString("utf8").split("\n");
+      if (lines.at(-1) === "") lines.pop();
+      // Unless the whole file was read, the first piece is the end of an earlier line.
+      if (lines.length > n || len === size) return lines.slice(-n);
+      len = Math.min(size, len * 4);
+    }
+  } finally {
+    await fh.close();
+  }
+}
+
+
+/**
+ * The bubblewrap arguments of a replica. The network stays shared: the replica listens on
+ * 127.0.0.1:PORT for Caddy on the host. No --die-with-parent, since replicas must outlive the
+ * agent. No --new-session either: stop() signals the process group, which must still reach the
+ * command, and the group's session (made by `detached`) has no terminal that --new-session would
+ * protect. Capabilities are dropped because the agent may run as root, and root with
+ * CAP_SYS_ADMIN could remount the read-only root writable.
+ */
+function sandboxArgs(releaseDir: string, home: string): string[] {
+  return [
+    "--ro-bind", "/", "/",
+    "--dev", "/dev",
+    "--proc", "/proc",
+    // Before the binds: the release or the home may lie under /tmp, and must show through.
+    "--tmpfs", "/tmp",
+    "--bind", releaseDir, releaseDir,
+    "--bind", home, home,
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--cap-drop", "ALL",
+    "--chdir", releaseDir,
+  ];
+}
+
+export type SandboxProbe = { ok: true; bwrap: string } | { ok: false; reason: string };
+
+/** Whether bubblewrap is installed and can create the namespaces a replica's sandbox needs. */
+export async function probeSandbox(): Promise<SandboxProbe> {
+  const bwrap = await findOnPath("bwrap");
+  if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
+  const args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL", "true"];
+  return new Promise((resolve) => {
+    const child = spawn(bwrap, args, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
+    let stderr = "";
+    child.stderr.on("data", (chunk: Buffer) => {
+      if (stderr.length < 2000) stderr += chunk.toString("utf8");
+    });
+    child.once("error", (err) => resolve({ ok: false, reason: `bwrap could not be run: ${err.message}` }));
+    child.once("close", (code, signal) => {
+      if (code === 0) resolve({ ok: true, bwrap });
+      else resolve({ ok: false, reason: `bwrap failed here (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}` });
+    });
+  });
+}
+
+
+export interface MemoryCgroup {
+  version: 1 | 2;
+  /** The agent's own cgroup in the memory hierarchy: replica cgroups are made under it. */
+  dir: string;
+}
+
+export type MemoryCgroupProbe = { ok: true; cgroup: MemoryCgroup } | { ok: false; reason: string };
+
+interface Mount {
+  root: string;
+  point: string;
+  fstype: string;
+  superOptions: string[];
+}
+
+const unescapeMount = (s: string) => s.replace(/\\(\d{3})/g, (_, oct: string) => String.fromCharCode(parseInt(oct, 8)));
+
+function parseMountinfo(text: string): Mount[] {
+  const mounts: Mount[] = [];
+  for (const line of text.split("\n")) {
+    const [pre, post] = line.split(" - ");
+    if (!pre || !post) continue;
+    const fields = pre.split(" ");
+    const [fstype = "", , superOptions = ""] = post.split(" ");
+    mounts.push({ root: unescapeMount(fields[3] ?? ""), point: unescapeMount(fields[4] ?? ""), fstype, superOptions: superOptions.split(",") });
+  }
+  return mounts;
+}
+
+/** Where a cgroup path of /proc/self/cgroup is in the file system, given the hierarchy's mount. */
+function cgroupDir(mount: Mount, cgroupPath: string): string | null {
+  if (mount.root === "/") return path.join(mount.point, cgroupPath);
+  if (cgroupPath === mount.root || cgroupPath.startsWith(`${mount.root}/`)) return path.join(mount.point, cgroupPath.slice(mount.root.length));
+  return null;
+}
+
+async function tryCgroup(cgroup: MemoryCgroup): Promise<string | null> {
+  if (cgroup.version === 2) {
+    const controllers = await readFile(path.join(cgroup.dir, "cgroup.controllers"), "utf8").catch(() => "");
+    if (!controllers.split(/\s+/).includes("memory")) return `cgroup v2: the memory controller is not available in ${cgroup.dir}`;
+    const subtree = await readFile(path.join(cgroup.dir, "cgroup.subtree_control"), "utf8").catch(() => "");
+    if (!subtree.split(/\s+/).includes("memory")) {
+      try {
+        await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), "+memory");
+      } catch (err) {
+        return `cgroup v2: cannot enable the memory controller for children of ${cgroup.dir} (${errorMessage(err)})`;
+      }
+    }
+  }
+  const probe = path.join(cgroup.dir, `platform-probe-${process.pid}`);
+  try {
+    await mkdir(probe);
+  } catch (err) {
+    return `cgroup v${cgroup.version}: cannot create a cgroup under ${cgroup.dir} (${errorMessage(err)})`;
+  }
+  try {
+    await writeFile(path.join(probe, cgroup.version === 2 ? "memory.max" : "memory.limit_in_bytes"), cgroup.version === 2 ? "max" : "-1");
+    return null;
+  } catch (err) {
+    return `cgroup v${cgroup.version}: cannot set a memory limit under ${cgroup.dir} (${errorMessage(err)})`;
+  } finally {
+    await rmdir(probe).catch(() => undefined);
+  }
+}
+
+/** Finds a memory cgroup hierarchy this process may create limited cgroups in; v2 first. */
+export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
+  let own: string;
+  let mounts: Mount[];
+  try {
+    own = await readFile("/proc/self/cgroup", "utf8");
+    mounts = parseMountinfo(await readFile("/proc/self/mountinfo", "utf8"));
+  } catch (err) {
+    return { ok: false, reason: `cgroups cannot be read here (${errorMessage(err)})` };
+  }
+  const memberships = own
+    .split("\n")
+    .filter(Boolean)
+    .map((line) => {
+      const first = line.indexOf(":");
+      const second = line.indexOf(":", first + 1);
+      return { controllers: line.slice(first + 1, second).split(","), path: line.slice(second + 1) };
+    });
+  const candidates: MemoryCgroup[] = [];
+  const v2 = memberships.find((m) => m.controllers.length === 1 && m.controllers[0] === "");
+  const v2Mount = mounts.find((m) => m.fstype === "cgroup2");
+  const v2Dir = v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
+  if (v2Dir) candidates.push({ version: 2, dir: v2Dir });
+  const v1 = memberships.find((m) => m.controllers.includes("memory"));
+  const v1Mount = mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes("memory"));
+  const v1Dir = v1 && v1Mount ? cgroupDir(v1Mount, v1.path) : null;
+  if (v1Dir) candidates.push({ version: 1, dir: v1Dir });
+  if (!candidates.length) return { ok: false, reason: "no memory cgroup hierarchy is mounted for this process" };
+  const reasons: string[] = [];
+  for (const cgroup of candidates) {
+    const reason = await tryCgroup(cgroup);
+    if (reason === null) return { ok: true, cgroup };
+    reasons.push(reason);
+  }
+  return { ok: false, reason: reasons.join("; ") };
+}
+
+async function createReplicaCgroup(parent: MemoryCgroup, replicaId: string, memoryMb: number): Promise<string> {
+  const dir = path.join(parent.dir, `platform-${replicaId}`);
+  await mkdir(dir).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== "EEXIST") throw err;
+  });
+  const bytes = String(memoryMb * 1024 * 1024);
+  // The limit covers swap too, so that reaching it ends in an OOM kill rather than in swapping.
+  if (parent.version === 2) {
+    await writeFile(path.join(dir, "memory.max"), bytes);
+    await writeFile(path.join(dir, "memory.swap.max"), "0").catch(() => undefined);
+  } else {
+    const memsw = path.join(dir, "memory.memsw.limit_in_bytes");
+    // v1 refuses a memory limit above the memory+swap one: raise that first when growing.
+    await writeFile(path.join(dir, "memory.limit_in_bytes"), bytes).catch(async () => {
+      await writeFile(memsw, bytes);
+      await writeFile(path.join(dir, "memory.limit_in_bytes"), bytes);
+    });
+    await writeFile(memsw, bytes).catch(() => undefined);
+  }
+  return dir;
+}
+
+/** How many processes the kernel OOM-killed in the cgroup (v2 memory.events, v1 memory.oom_control). */
+async function oomKillCount(dir: string): Promise<number> {
+  for (const file of ["memory.events", "memory.oom_control"]) {
+    const text = await readFile(path.join(dir, file), "utf8").catch(() => null);
+    const match = text?.match(/^oom_kill (\d+)$/m);
+    if (match) return Number(match[1]);
+  }
+  // Kernels before 4.13 have no oom_kill counter in v1: hitting the limit is the best sign left.
+  const failcnt = await readFile(path.join(dir, "memory.failcnt"), "utf8").catch(() => "0");
+  return Number(failcnt.trim()) || 0;
+}
+
+async function removeCgroup(dir: string): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await rmdir(dir);
+      return;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") return;
+      // A process that has just been killed can hold the cgroup for a moment.
+      if (code !== "EBUSY" || attempt >= 20) throw err;
+      await sleep(100);
+    }
+  }
+}
+
+
+export class ProcessDriver implements RuntimeDriver {
+  readonly name = "process";
+  readonly #runDir: string;
+  readonly #logger: Logger | undefined;
+  readonly #sandboxMode: "auto" | "off";
+  readonly #memoryMode: "auto" | "off";
+  readonly #replicas = new Map<string, Replica>();
+  readonly #exitListeners: Array<(state: ReplicaState) => void> = [];
+  readonly #outputListeners: Array<(line: OutputLine) => void> = [];
+  #sandbox: Promise<string | null> | null = null;
+  #memory: Promise<MemoryCgroup | null> | null = null;
+  #outputTimer: NodeJS.Timeout | null = null;
+  #exitTimer: NodeJS.Timeout | null = null;
+  #closed = false;
+
+  constructor(opts: ProcessDriverOptions) {
+    this.#runDir = path.resolve(opts.runDir);
+    this.#logger = opts.logger;
+    this.#sandboxMode = opts.sandbox ?? "auto";
+    this.#memoryMode = opts.memoryLimits ?? "auto";
+  }
+
+  /**
+   * Starts one replica. An exited replica of the same id (a restart by the supervisor) is started
+   * again in place: its output log continues, so tail() still shows what came before the restart.
+   */
+  async start(spec: ReplicaSpec): Promise<ReplicaState> {
+    this.#assertOpen();
+    const previous = this.#replicas.get(spec.id);
+    if (previous?.running) throw new Error(`replica ${spec.id} is already running`);
+    const dir = this.#dirOf(spec.id);
+    const home = path.join(dir, "home");
+    const releaseDir = path.resolve(spec.releaseDir);
+    await mkdir(home, { recursive: true });
+    const [bwrap, memory] = await Promise.all([this.#sandboxReady(), spec.memoryMb ? this.#memoryReady() : null]);
+
+    let cgroup: string | null = null;
+    let oomBase = 0;
+    if (memory && spec.memoryMb) {
+      try {
+        cgroup = await createReplicaCgroup(memory, spec.id, spec.memoryMb);
+        oomBase = await oomKillCount(cgroup);
+      } catch (err) {
+        this.#logger?.warn({ replica: spec.id, err: errorMessage(err) }, "could not create the replica's memory cgroup; it runs without a memory limit");
+        cgroup = null;
+      }
+    }
+
+    const previousCgroup = previous?.record.cgroup;
+    if (previousCgroup && previousCgroup !== cgroup) await removeCgroup(previousCgroup).catch(() => undefined);
+
+    let argv = ["/bin/sh", "-c", spec.command];
+    if (bwrap) argv = [bwrap, ...sandboxArgs(releaseDir, home), "--", ...argv];
+    // The shell joins the cgroup before it execs the rest, so the command never runs unlimited.
+    if (cgroup) argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
+    const env: Record<string, string> = {
+      PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? DEFAULT_PATH}`,
+      HOME: home,
+      LANG: "C.UTF-8",
+      ...spec.env,
+    };
+
+    const cursors = await this.#loadCursors(dir);
+    const out = await open(path.join(dir, "stdout.log"), "a");
+    const err = await open(path.join(dir, "stderr.log"), "a").catch(async (e: unknown) => {
+      await out.close();
+      throw e;
+    });
+    let child: ChildProcess;
+    try {
+      child = spawn(argv[0]!, argv.slice(1), { cwd: releaseDir, env, stdio: ["ignore", out.fd, err.fd], detached: true });
+      await new Promise<void>((resolve, reject) => {
+        child.once("spawn", resolve);
+        child.once("error", reject);
+      });
+    } catch (e) {
+      if (cgroup) await removeCgroup(cgroup).catch(() => undefined);
+      throw new Error(`replica ${spec.id} could not be started: ${errorMessage(e)}`);
+    } finally {
+      await Promise.all([out.close(), err.close()]);
+    }
+    child.unref();
+    const pid = child.pid!;
+    const startedAt = new Date();
+    const record: ReplicaRecord = {
+      spec,
+      pid,
+      startedAt: startedAt.toISOString(),
+      procStart: (await procStat(pid))?.start ?? "",
+      cgroup,
+      oomBase,
+      sandboxed: bwrap !== null,
+    };
+    const replica = this.#newReplica(record, dir, cursors);
+    replica.child = child;
+    replica.leaderExit = new Promise((resolve) => {
+      replica.onChildExit = (code, signal) => {
+        replica.leaderDone = true;
+        resolve({ code, signal });
+        void this.#checkExit(replica);
+      };
+      child.once("exit", replica.onChildExit);
+    });
+    this.#replicas.set(spec.id, replica);
+    await writeJsonAtomic(path.join(dir, "replica.json"), record);
+    this.#follow(replica);
+    return this.#snapshot(replica);
+  }
+
+  async stop(replicaId: string, graceMs: number): Promise<void> {
+    this.#assertOpen();
+    const replica = this.#replicas.get(replicaId);
+    if (!replica?.running) return;
+    replica.stopRequested = true;
+    replica.stopping ??= this.#terminate(replica, graceMs);
+    return replica.stopping;
+  }
+
+  list(): ReplicaState[] {
+    return [...this.#replicas.values()].map((r) => this.#snapshot(r));
+  }
+
+  async remove(replicaId: string): Promise<void> {
+    this.#assertOpen();
+    const replica = this.#replicas.get(replicaId);
+    if (replica?.running) await this.stop(replicaId, REMOVE_GRACE_MS);
+    const dir = this.#dirOf(replicaId);
+    let cgroup: string | null;
+    if (replica) {
+      await replica.finishing;
+      this.#unfollow(replica);
+      await replica.reads;
+      cgroup = replica.record.cgroup;
+    } else {
+      // Never adopted: its record still names its cgroup.
+      cgroup = await readFile(path.join(dir, "replica.json"), "utf8").then((text) => (JSON.parse(text) as ReplicaRecord).cgroup, () => null);
+    }
+    if (cgroup) await removeCgroup(cgroup);
+    this.#replicas.delete(replicaId);
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  async tail(replicaId: string, n = 30): Promise<string[]> {
+    const replica = this.#replicas.get(replicaId);
+    if (replica && !this.#closed) await this.#read(replica, false);
+    const dir = this.#dirOf(replicaId);
+    let lines = await lastLines(path.join(dir, "output.log"), n);
+    if (lines.length < n) lines = [...(await lastLines(path.join(dir, "output.log.1"), n - lines.length)), ...lines];
+    return lines.map((line) => line.slice(line.indexOf(" ", line.indexOf(" ") + 1) + 1));
+  }
+
+  onExit(listener: (state: ReplicaState) => void): void {
+    this.#exitListeners.push(listener);
+  }
+
+  onOutput(listener: (line: OutputLine) => void): void {
+    this.#outputListeners.push(listener);
+  }
+
+  async adopt(): Promise<ReplicaState[]> {
+    this.#assertOpen();
+    const root = path.join(this.#runDir, "replicas");
+    const ids = await readdir(root).catch(() => [] as string[]);
+    const adopted: ReplicaState[] = [];
+    for (const id of ids) {
+      const known = this.#replicas.get(id);
+      if (known) {
+        adopted.push(this.#snapshot(known));
+        continue;
+      }
+      const dir = path.join(root, id);
+      let record: ReplicaRecord;
+      try {
+        record = JSON.parse(await readFile(path.join(dir, "replica.json"), "utf8")) as ReplicaRecord;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== "ENOENT") this.#logger?.warn({ replica: id, err: errorMessage(err) }, "unreadable replica.json; the replica is not adopted");
+        continue;
+      }
+      const replica = this.#newReplica(record, dir, await this.#loadCursors(dir));
+      this.#replicas.set(id, replica);
+      const leader = await procStat(record.pid);
+      if (!record.exit && isLive(leader) && leader.start === record.procStart) {
+        this.#follow(replica);
+      } else {
+        // Died while the agent was away: its last output is still read, for tail().
+        await this.#read(replica, true);
+        replica.running = false;
+        replica.exit = record.exit
+          ? { ...record.exit, at: new Date(record.exit.at) }
+          : { code: null, signal: null, oomKilled: record.cgroup !== null && (await oomKillCount(record.cgroup)) > record.oomBase, at: new Date() };
+        if (!record.exit) await this.#persistExit(replica);
+      }
+      adopted.push(this.#snapshot(replica));
+    }
+    return adopted;
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    if (this.#outputTimer) clearInterval(this.#outputTimer);
+    if (this.#exitTimer) clearInterval(this.#exitTimer);
+    this.#outputTimer = this.#exitTimer = null;
+    for (const replica of this.#replicas.values()) {
+      this.#unfollow(replica);
+      if (replica.child && replica.onChildExit) replica.child.removeListener("exit", replica.onChildExit);
+    }
+    await Promise.all([...this.#replicas.values()].map((r) => r.reads));
+  }
+
+
+  #assertOpen(): void {
+    if (this.#closed) throw new Error("the process driver is closed");
+  }
+
+  #dirOf(replicaId: string): string {
+    if (!replicaId || replicaId.includes("/") || replicaId === "." || replicaId === "..") throw new Error(`invalid replica id ${JSON.stringify(replicaId)}`);
+    return path.join(this.#runDir, "replicas", replicaId);
+  }
+
+  #newReplica(record: ReplicaRecord, dir: string, cursors: Record<Stream, Cursor>): Replica {
+    return {
+      record,
+      dir,
+      startedAt: new Date(record.startedAt),
+      running: true,
+      exit: null,
+      child: null,
+      onChildExit: null,
+      leaderExit: null,
+      leaderDone: false,
+      stopRequested: false,
+      stopping: null,
+      finishing: null,
+      cursors,
+      reads: Promise.resolve(),
+      readQueued: false,
+      watchers: [],
+    };
+  }
+
+  #snapshot(replica: Replica): ReplicaState {
+    return {
+      spec: replica.record.spec,
+      handle: String(replica.record.pid),
+      startedAt: replica.startedAt,
+      running: replica.running,
+      exit: replica.exit ? { ...replica.exit } : null,
+    };
+  }
+
+  #sandboxReady(): Promise<string | null> {
+    if (this.#sandboxMode === "off") return Promise.resolve(null);
+    this.#sandbox ??= probeSandbox().then((probe) => {
+      if (probe.ok) {
+        this.#logger?.info({ bwrap: probe.bwrap }, "replicas run sandboxed with bubblewrap");
+        return probe.bwrap;
+      }
+      this.#logger?.warn({ reason: probe.reason }, "replicas run without a sandbox");
+      return null;
+    });
+    return this.#sandbox;
+  }
+
+  #memoryReady(): Promise<MemoryCgroup | null> {
+    if (this.#memoryMode === "off") return Promise.resolve(null);
+    this.#memory ??= probeMemoryCgroup().then((probe) => {
+      if (probe.ok) {
+        this.#logger?.info({ cgroup: probe.cgroup.dir, version: probe.cgroup.version }, "replica memory limits are enforced with cgroups");
+        return probe.cgroup;
+      }
+      this.#logger?.warn({ reason: probe.reason }, "replicas run without memory limits");
+      return null;
+    });
+    return this.#memory;
+  }
+
+  /** Where the previous agent stopped reading; a replica never read before starts at the end of its files. */
+  async #loadCursors(dir: string): Promise<Record<Stream, Cursor>> {
+    const saved = await readFile(path.join(dir, "cursor.json"), "utf8").then(
+      (text) => JSON.parse(text) as Partial<Record<Stream, number>>,
+      () => null,
+    );
+    const cursors = {} as Record<Stream, Cursor>;
+    for (const stream of STREAMS) {
+      const size = await stat(path.join(dir, `${stream}.log`)).then((s) => s.size, () => 0);
+      const pos = saved?.[stream];
+      cursors[stream] = { pos: typeof pos === "number" && pos <= size ? pos : size, pending: Buffer.alloc(0) };
+    }
+    return cursors;
+  }
+
+  #follow(replica: Replica): void {
+    // Polling alone would merge stdout and stderr only to 200 ms; the watchers read as soon as a line lands.
+    for (const stream of STREAMS) {
+      try {
+        const watcher = watch(path.join(replica.dir, `${stream}.log`), { persistent: false }, () => this.#queueRead(replica));
+        watcher.on("error", () => watcher.close());
+        replica.watchers.push(watcher);
+      } catch {
+        // Polling covers it.
+      }
+    }
+    this.#outputTimer ??= setInterval(() => {
+      for (const r of this.#replicas.values()) if (r.running) this.#queueRead(r);
+    }, OUTPUT_POLL_MS).unref();
+    this.#exitTimer ??= setInterval(() => {
+      for (const r of this.#replicas.values()) if (r.running) void this.#checkExit(r);
+    }, EXIT_POLL_MS).unref();
+  }
+
+  #unfollow(replica: Replica): void {
+    for (const watcher of replica.watchers) watcher.close();
+    replica.watchers = [];
+  }
+
+  /** True once the replica's leader has exited and no process of its group is left. */
+  async #gone(replica: Replica): Promise<boolean> {
+    const { pid, procStart } = replica.record;
+    if (replica.child) {
+      if (!replica.leaderDone) return false;
+    } else {
+      const s = await procStat(pid);
+      if (isLive(s) && s.start === procStart) return false;
+    }
+    // Under bubblewrap the leader dies of SIGTERM at once while the command may still be shutting down.
+    return !(await groupAlive(pid));
+  }
+
+  async #checkExit(replica: Replica): Promise<void> {
+    if (this.#closed || !replica.running || replica.finishing || replica.stopping) return;
+    try {
+      if (await this.#gone(replica)) await this.#finish(replica);
+    } catch (err) {
+      this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "checking a replica's exit failed");
+    }
+  }
+
+  async #terminate(replica: Replica, graceMs: number): Promise<void> {
+    const { pid, spec } = replica.record;
+    signalGroup(pid, "SIGTERM");
+    if (!(await waitFor(() => this.#gone(replica), graceMs))) {
+      signalGroup(pid, "SIGKILL");
+      if (!(await waitFor(() => this.#gone(replica), KILL_WAIT_MS))) {
+        this.#logger?.warn({ replica: spec.id, pid }, "replica still has processes after SIGKILL");
+      }
+    }
+    await this.#finish(replica);
+  }
+
+  #finish(replica: Replica): Promise<void> {
+    replica.finishing ??= (async () => {
+      const leader = replica.leaderExit
+        ? await Promise.race([replica.leaderExit, sleep(LEADER_EXIT_WAIT_MS).then(() => null)])
+        : null;
+      this.#unfollow(replica);
+      await this.#read(replica, true);
+      const { cgroup, oomBase } = replica.record;
+      // Adopted replicas' exit status is unknown: then the cgroup's counter alone tells.
+      const killed = leader === null || leader.signal === "SIGKILL" || leader.code === 128 + 9;
+      const oomKilled = cgroup !== null && killed && (await oomKillCount(cgroup)) > oomBase;
+      replica.exit = { code: leader?.code ?? null, signal: leader?.signal ?? null, oomKilled, at: new Date() };
+      replica.running = false;
+      if (this.#closed) return;
+      await this.#persistExit(replica).catch((err: unknown) => {
+        this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "could not record the replica's exit");
+      });
+      if (replica.stopRequested) return;
+      const state = this.#snapshot(replica);
+      for (const listener of this.#exitListeners) {
+        try {
+          listener(state);
+        } catch (err) {
+          this.#logger?.error({ err: errorMessage(err) }, "exit listener failed");
+        }
+      }
+    })();
+    return replica.finishing;
+  }
+
+  async #persistExit(replica: Replica): Promise<void> {
+    const exit = replica.exit!;
+    replica.record = { ...replica.record, exit: { code: exit.code, signal: exit.signal, oomKilled: exit.oomKilled, at: exit.at.toISOString() } };
+    await writeJsonAtomic(path.join(replica.dir, "replica.json"), replica.record);
+  }
+
+  /** Polls and watchers only queue a read when none is waiting: one is enough to catch up. */
+  #queueRead(replica: Replica): void {
+    if (replica.readQueued || this.#closed) return;
+    replica.readQueued = true;
+    replica.reads = replica.reads.then(() => {
+      replica.readQueued = false;
+      return this.#readOutput(replica, false);
+    });
+  }
+
+  #read(replica: Replica, final: boolean): Promise<void> {
+    replica.reads = replica.reads.then(() => this.#readOutput(replica, final));
+    return replica.reads;
+  }
+
+  async #readOutput(replica: Replica, final: boolean): Promise<void> {
+    try {
+      while (await this.#readOnce(replica, final));
+    } catch (err) {
+      this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "reading a replica's output failed");
+    }
+  }
+
+  /** Reads what is new in both stream files into output.log; true when there is more to read. */
+  async #readOnce(replica: Replica, final: boolean): Promise<boolean> {
+    const batches: Array<{ stream: Stream; lines: string[]; mtime: bigint }> = [];
+    let more = false;
+    for (const stream of STREAMS) {
+      const cursor = replica.cursors[stream];
+      const file = path.join(replica.dir, `${stream}.log`);
+      const st = await stat(file, { bigint: true }).catch(() => null);
+      if (!st) continue;
+      const size = Number(st.size);
+      if (size < cursor.pos) Object.assign(cursor, { pos: 0, pending: Buffer.alloc(0) });
+      const lines: string[] = [];
+      if (size > cursor.pos) {
+        const len = Math.min(size - cursor.pos, READ_CHUNK_BYTES);
+        const buf = Buffer.alloc(len);
+        const fh = await open(file, "r");
+        let bytesRead: number;
+        try {
+          ({ bytesRead } = await fh.read(buf, 0, len, cursor.pos));
+        } finally {
+          await fh.close();
+        }
+        cursor.pos += bytesRead;
+        more ||= cursor.pos < size;
+        let data = Buffer.concat([cursor.pending, buf.subarray(0, bytesRead)]);
+        for (let nl = data.indexOf(10); nl !== -1; nl = data.indexOf(10)) {
+          lines.push(data.subarray(0, nl).toString("utf8").replace(/\r$/, ""));
+          data = data.subarray(nl + 1);
+        }
+        while (data.length > MAX_LINE_BYTES) {
+          lines.push(data.subarray(0, MAX_LINE_BYTES).toString("utf8"));
+          data = data.subarray(MAX_LINE_BYTES);
+        }
+        cursor.pending = Buffer.from(data);
+      }
+      if (final && !more && cursor.pending.length) {
+        lines.push(cursor.pending.toString("utf8"));
+        cursor.pending = Buffer.alloc(0);
+      }
+      if (lines.length) batches.push({ stream, lines, mtime: st.mtimeNs });
+    }
+    if (!batches.length) return more;
+
+    // Within one read the stream written to last goes last: exact when each holds one new line.
+    batches.sort((a, b) => (a.mtime < b.mtime ? -1 : a.mtime > b.mtime ? 1 : 0));
+    const at = new Date();
+    const marker = { stdout: "o", stderr: "e" } as const;
+    const text = batches.flatMap((b) => b.lines.map((line) => `${at.getTime()} ${marker[b.stream]} ${line}\n`)).join("");
+    await this.#appendOutput(replica, text);
+    // Saved after output.log and before the listeners: an agent dying in between repeats no line.
+    await this.#saveCursors(replica);
+    const replicaId = replica.record.spec.id;
+    for (const batch of batches) {
+      for (const line of batch.lines) {
+        for (const listener of this.#outputListeners) {
+          try {
+            listener({ replicaId, stream: batch.stream, line, at });
+          } catch (err) {
+            this.#logger?.error({ err: errorMessage(err) }, "output listener failed");
+          }
+        }
+      }
+    }
+    await this.#truncateRead(replica);
+    return more;
+  }
+
+  async #appendOutput(replica: Replica, text: string): Promise<void> {
+    const file = path.join(replica.dir, "output.log");
+    const size = await stat(file).then((s) => s.size, () => 0);
+    if (size > 0 && size + Buffer.byteLength(text) > OUTPUT_MAX_BYTES) await rename(file, `${file}.1`);
+    await appendFile(file, text);
+  }
+
+  async #saveCursors(replica: Replica): Promise<void> {
+    const saved: Record<Stream, number> = { stdout: 0, stderr: 0 };
+    for (const stream of STREAMS) saved[stream] = replica.cursors[stream].pos - replica.cursors[stream].pending.length;
+    await writeJsonAtomic(path.join(replica.dir, "cursor.json"), saved);
+  }
+
+  /**
+   * Empties a stream file that has been read to its end. The replica writes in append mode, so
+   * its next write lands at the new start; a write between the size check and the truncate is lost.
+   */
+  async #truncateRead(replica: Replica): Promise<void> {
+    let changed = false;
+    for (const stream of STREAMS) {
+      const cursor = replica.cursors[stream];
+      if (cursor.pos < RAW_TRUNCATE_BYTES || cursor.pending.length) continue;
+      const file = path.join(replica.dir, `${stream}.log`);
+      if ((await stat(file)).size !== cursor.pos) continue;
+      await truncate(file, 0);
+      cursor.pos = 0;
+      changed = true;
+    }
+    if (changed) await this.#saveCursors(replica);
+  }
+}

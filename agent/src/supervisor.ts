@@ -1,0 +1,139 @@
+/**
+ * The supervisor: restarts a replica that died on its own while it is still desired, with
+ * exponential backoff (1 s doubling to 30 s, back to 1 s once a run lasted 60 s), and reports
+ * every crash and restart. The deployer says what is desired: desire() after it starts a replica,
+ * release() before it stops one, so that its own stops are never taken for crashes.
+ */
+import type { Logger } from "@platform/logger";
+import type { ExitInfo, ReplicaSpec, ReplicaState, RuntimeDriver } from "./runtime/types.ts";
+
+const BACKOFF_MIN_MS = 1_000;
+const BACKOFF_MAX_MS = 30_000;
+/** A run this long counts as healthy: the next crash is restarted after the shortest wait again. */
+const STABLE_RUN_MS = 60_000;
+/** Grace for a restarted replica that was released while it was being started. */
+const STOP_GRACE_MS = 10_000;
+
+export interface SupervisorEvent {
+  replicaId: string;
+  app: string;
+  branch: string;
+  group: string;
+  service: string;
+  kind: "crashed" | "restarted" | "oom_killed" | "restart_failed";
+  /** The exit that started this round of restarts. */
+  exit: ExitInfo | null;
+  message: string;
+}
+
+export interface SupervisorOptions {
+  driver: RuntimeDriver;
+  onEvent: (event: SupervisorEvent) => void;
+  logger?: Logger;
+}
+
+interface Desired {
+  spec: ReplicaSpec;
+  /** Crashes and failed restarts since the last stable run: the exponent of the backoff. */
+  failures: number;
+  timer: NodeJS.Timeout | null;
+}
+
+function describeExit(exit: ExitInfo | null): string {
+  if (!exit) return "exited";
+  if (exit.oomKilled) return "was killed for exceeding its memory limit";
+  if (exit.signal) return `was killed by ${exit.signal}`;
+  if (exit.code !== null) return `exited with code ${exit.code}`;
+  return "exited";
+}
+
+export class Supervisor {
+  readonly #driver: RuntimeDriver;
+  readonly #onEvent: (event: SupervisorEvent) => void;
+  readonly #logger: Logger | undefined;
+  readonly #desired = new Map<string, Desired>();
+  #closed = false;
+
+  constructor(opts: SupervisorOptions) {
+    this.#driver = opts.driver;
+    this.#onEvent = opts.onEvent;
+    this.#logger = opts.logger;
+    opts.driver.onExit((state) => this.#exited(state));
+  }
+
+  desire(spec: ReplicaSpec): void {
+    const previous = this.#desired.get(spec.id);
+    if (previous?.timer) clearTimeout(previous.timer);
+    this.#desired.set(spec.id, { spec, failures: 0, timer: null });
+  }
+
+  release(replicaId: string): void {
+    const entry = this.#desired.get(replicaId);
+    if (entry?.timer) clearTimeout(entry.timer);
+    this.#desired.delete(replicaId);
+  }
+
+  desired(): ReplicaSpec[] {
+    return [...this.#desired.values()].map((d) => d.spec);
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    for (const entry of this.#desired.values()) if (entry.timer) clearTimeout(entry.timer);
+  }
+
+  #current(entry: Desired): boolean {
+    return !this.#closed && this.#desired.get(entry.spec.id) === entry;
+  }
+
+  #exited(state: ReplicaState): void {
+    const entry = this.#desired.get(state.spec.id);
+    if (!entry || this.#closed) return;
+    const ranMs = (state.exit?.at ?? new Date()).getTime() - state.startedAt.getTime();
+    if (ranMs >= STABLE_RUN_MS) entry.failures = 0;
+    const delay = this.#retryIn(entry);
+    this.#emit(entry.spec, state.exit?.oomKilled ? "oom_killed" : "crashed", state.exit, `Replica ${state.spec.id} ${describeExit(state.exit)}; restarting in ${delay / 1000} s.`);
+    this.#schedule(entry, delay, state.exit);
+  }
+
+  #retryIn(entry: Desired): number {
+    const delay = Math.min(BACKOFF_MIN_MS * 2 ** entry.failures, BACKOFF_MAX_MS);
+    entry.failures++;
+    return delay;
+  }
+
+  #schedule(entry: Desired, delay: number, exit: ExitInfo | null): void {
+    entry.timer = setTimeout(() => void this.#restart(entry, exit), delay);
+    entry.timer.unref();
+  }
+
+  async #restart(entry: Desired, exit: ExitInfo | null): Promise<void> {
+    entry.timer = null;
+    if (!this.#current(entry)) return;
+    const { spec } = entry;
+    try {
+      await this.#driver.start(spec);
+    } catch (err) {
+      if (!this.#current(entry)) return;
+      const delay = this.#retryIn(entry);
+      const reason = err instanceof Error ? err.message : String(err);
+      this.#emit(spec, "restart_failed", exit, `Replica ${spec.id} could not be restarted: ${reason}; trying again in ${delay / 1000} s.`);
+      this.#schedule(entry, delay, exit);
+      return;
+    }
+    if (!this.#current(entry)) {
+      // Released while starting: the deployer's stop may have come before this start.
+      await this.#driver.stop(spec.id, STOP_GRACE_MS).catch((err: unknown) => this.#logger?.warn({ err, replica: spec.id }, "stopping a released replica failed"));
+      return;
+    }
+    this.#emit(spec, "restarted", exit, `Replica ${spec.id} restarted (attempt ${entry.failures}).`);
+  }
+
+  #emit(spec: ReplicaSpec, kind: SupervisorEvent["kind"], exit: ExitInfo | null, message: string): void {
+    try {
+      this.#onEvent({ replicaId: spec.id, app: spec.app, branch: spec.branch, group: spec.group, service: spec.service, kind, exit, message });
+    } catch (err) {
+      this.#logger?.error({ err, replica: spec.id }, "supervisor event handler failed");
+    }
+  }
+}

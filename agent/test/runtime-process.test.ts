@@ -1,0 +1,432 @@
+/**
+ * The `process` runtime driver and the supervisor with real replicas: small Node programs run
+ * through `sh -c`, sandboxed and memory-limited where this machine allows it (probed once here,
+ * the same way the driver probes).
+ */
+import { afterEach, beforeAll, afterAll, beforeEach, describe, expect, it } from "vitest";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import net, { type AddressInfo } from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { ProcessDriver, probeMemoryCgroup, probeSandbox } from "../src/runtime/process.ts";
+import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
+import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
+
+const sandbox = await probeSandbox();
+const memory = await probeMemoryCgroup();
+const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
+const noMemory = memory.ok ? "" : ` (skipped: ${memory.reason})`;
+
+let root: string;
+let runDir: string;
+let releaseDir: string;
+let drivers: ProcessDriver[] = [];
+let supervisors: Supervisor[] = [];
+let seq = 0;
+
+beforeAll(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), "agent-runtime-process-"));
+});
+
+afterAll(async () => {
+  if (root) await rm(root, { recursive: true, force: true });
+});
+
+beforeEach(async () => {
+  runDir = path.join(root, `run-${seq}`);
+  releaseDir = path.join(root, `release-${seq}`);
+  await mkdir(releaseDir, { recursive: true });
+});
+
+/** Whatever a test left running is stopped and removed by a fresh driver, which adopts it all. */
+afterEach(async () => {
+  for (const s of supervisors) await s.close();
+  for (const d of drivers) await d.close();
+  supervisors = [];
+  drivers = [];
+  const cleaner = new ProcessDriver({ runDir });
+  for (const r of await cleaner.adopt()) {
+    await cleaner.stop(r.spec.id, 500);
+    await cleaner.remove(r.spec.id);
+  }
+  await cleaner.close();
+});
+
+function newDriver(opts: { sandbox?: "auto" | "off" } = {}): ProcessDriver {
+  const driver = new ProcessDriver({ runDir, ...opts });
+  drivers.push(driver);
+  return driver;
+}
+
+function makeSpec(command: string, over: Partial<ReplicaSpec> = {}): ReplicaSpec {
+  const index = seq++;
+  return {
+    id: `g.app.main.web.blue.${index}`,
+    group: "g",
+    app: "app",
+    branch: "main",
+    service: "web",
+    colour: "blue",
+    index,
+    tag: "main-abc123",
+    releaseDir,
+    command,
+    env: {},
+    port: null,
+    memoryMb: null,
+    ...over,
+  };
+}
+
+/** `node -e <script>`, quoted for sh; the driver puts this Node first on the replica's PATH. */
+function nodeCommand(script: string): string {
+  return `node -e '${script.replaceAll("'", `'\\''`)}'`;
+}
+
+const HTTP_SERVER = `
+  const http = require("node:http");
+  http.createServer((req, res) => {
+    if (req.url === "/exit") { res.end("bye"); setTimeout(() => process.exit(5), 20); return; }
+    res.end("hello from " + process.env.PORT);
+  }).listen(Number(process.env.PORT), "127.0.0.1", () => console.log("listening"));
+`;
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+async function until<T>(check: () => T | Promise<T>, what: string, timeoutMs = 15_000): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+async function get(port: number, pathname = "/"): Promise<string> {
+  return until(
+    () =>
+      fetch(`http://127.0.0.1:${port}${pathname}`).then(
+        (res) => res.text(),
+        () => null,
+      ),
+    `HTTP on port ${port}`,
+  );
+}
+
+/**
+ * No process of the group is left. Zombies do not count: this container's init does not reap the
+ * orphans a killed `sh` or `bwrap` leaves behind.
+ */
+function groupGone(pgid: number): boolean {
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+    } catch {
+      continue;
+    }
+    const [state, , pgrp] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (Number(pgrp) === pgid && state !== "Z") return false;
+  }
+  return true;
+}
+
+function exits(driver: ProcessDriver): ReplicaState[] {
+  const seen: ReplicaState[] = [];
+  driver.onExit((state) => seen.push(state));
+  return seen;
+}
+
+function output(driver: ProcessDriver): OutputLine[] {
+  const seen: OutputLine[] = [];
+  driver.onOutput((line) => seen.push(line));
+  return seen;
+}
+
+describe.each(["auto", "off"] as const)("ProcessDriver with sandbox %s", (mode) => {
+  it("runs a replica that answers HTTP on its PORT", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const port = await freePort();
+    const state = await driver.start(makeSpec(nodeCommand(HTTP_SERVER), { port, env: { PORT: String(port) } }));
+    expect(state.running).toBe(true);
+    expect(Number(state.handle)).toBeGreaterThan(0);
+    expect(await get(port)).toBe(`hello from ${port}`);
+    expect(driver.list().map((r) => [r.spec.id, r.running])).toEqual([[state.spec.id, true]]);
+  });
+
+  it("merges stdout and stderr in order for tail() and reports each line's stream", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const lines = output(driver);
+    const script = `
+      let i = 0;
+      const t = setInterval(() => {
+        const err = i % 2 === 1;
+        (err ? process.stderr : process.stdout).write("line " + i + (err ? " err" : " out") + "\\n");
+        if (++i === 40) { clearInterval(t); setInterval(() => {}, 1000); }
+      }, 40);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    await driver.start(spec);
+    await until(() => lines.length >= 40, "40 lines of output");
+    const expected = Array.from({ length: 40 }, (_, i) => `line ${i} ${i % 2 ? "err" : "out"}`);
+    expect(lines.map((l) => l.line)).toEqual(expected);
+    for (const l of lines) {
+      expect(l.replicaId).toBe(spec.id);
+      expect(l.stream).toBe(l.line.endsWith("err") ? "stderr" : "stdout");
+    }
+    expect(await driver.tail(spec.id, 30)).toEqual(expected.slice(10));
+    expect(await driver.tail(spec.id)).toEqual(expected.slice(10));
+    expect(await driver.tail(spec.id, 3)).toEqual(expected.slice(37));
+  });
+
+  it("reports a crash through onExit with its exit code, and tail() shows its last output", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    const spec = makeSpec(nodeCommand(`setTimeout(() => { console.log("starting"); console.error("fatal: boom"); process.exit(3); }, 300);`));
+    await driver.start(spec);
+    const state = await until(() => exited[0], "the exit");
+    expect(state.spec.id).toBe(spec.id);
+    expect(state.running).toBe(false);
+    expect(state.exit).toMatchObject({ code: 3, signal: null, oomKilled: false });
+    expect(await driver.tail(spec.id)).toEqual(["starting", "fatal: boom"]);
+    expect(driver.list()[0]?.running).toBe(false);
+    expect(exited).toHaveLength(1);
+  });
+
+  it("stops gracefully: the SIGTERM handler runs, and onExit is not called", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    const lines = output(driver);
+    const script = `
+      process.on("SIGTERM", () => { console.log("got SIGTERM"); setTimeout(() => { console.log("bye"); process.exit(0); }, 300); });
+      console.log("ready");
+      setInterval(() => {}, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    const { handle } = await driver.start(spec);
+    await until(() => lines.some((l) => l.line === "ready"), "ready");
+    const began = Date.now();
+    await driver.stop(spec.id, 10_000);
+    expect(Date.now() - began).toBeLessThan(5_000);
+    expect(groupGone(Number(handle))).toBe(true);
+    expect(await driver.tail(spec.id)).toEqual(["ready", "got SIGTERM", "bye"]);
+    expect(driver.list()[0]?.running).toBe(false);
+    await driver.stop(spec.id, 10_000);
+    expect(exited).toEqual([]);
+  });
+
+  it("kills a replica that ignores SIGTERM once the grace period is over", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    const lines = output(driver);
+    const script = `
+      process.on("SIGTERM", () => console.log("ignoring SIGTERM"));
+      console.log("ready");
+      setInterval(() => {}, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    const { handle } = await driver.start(spec);
+    await until(() => lines.some((l) => l.line === "ready"), "ready");
+    const began = Date.now();
+    await Promise.all([driver.stop(spec.id, 800), driver.stop(spec.id, 800)]);
+    expect(Date.now() - began).toBeGreaterThanOrEqual(700);
+    expect(groupGone(Number(handle))).toBe(true);
+    expect(await driver.tail(spec.id)).toEqual(["ready", "ignoring SIGTERM"]);
+    expect(driver.list()[0]?.running).toBe(false);
+    expect(exited).toEqual([]);
+  });
+});
+
+describe("ProcessDriver output files", () => {
+  it("empties the stream files once read and rotates output.log at 10 MiB, losing no line", async () => {
+    const driver = newDriver();
+    const lines = output(driver);
+    const script = `
+      const pad = "x".repeat(1000);
+      for (let i = 0; i < 11500; i++) process.stdout.write(i + " " + pad + "\\n");
+      console.log("done");
+      setInterval(() => {}, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    await driver.start(spec);
+    await until(() => lines.some((l) => l.line === "done"), "all the output", 30_000);
+    expect(lines).toHaveLength(11501);
+    expect(lines.slice(0, 11500).every((l, i) => l.line.startsWith(`${i} x`))).toBe(true);
+    const dir = path.join(runDir, "replicas", spec.id);
+    await until(async () => (await stat(path.join(dir, "stdout.log"))).size === 0, "stdout.log emptied");
+    expect((await stat(path.join(dir, "output.log"))).size).toBeLessThanOrEqual(10 * 1024 * 1024);
+    expect(existsSync(path.join(dir, "output.log.1"))).toBe(true);
+    const tail = await driver.tail(spec.id, 3);
+    expect(tail[2]).toBe("done");
+    expect(tail.slice(0, 2).map((l) => l.split(" ")[0])).toEqual(["11498", "11499"]);
+  });
+});
+
+describe("ProcessDriver after an agent restart", () => {
+  it("adopts running replicas: output keeps flowing without gaps, exits are seen, stop works", async () => {
+    const ticking = `setInterval(() => console.log("tick " + (globalThis.n = (globalThis.n ?? 0) + 1)), 100);` + HTTP_SERVER;
+    const first = newDriver();
+    const firstLines = output(first);
+    const ports = [await freePort(), await freePort()];
+    const specs = ports.map((port) => makeSpec(nodeCommand(ticking), { port, env: { PORT: String(port) } }));
+    const started = [];
+    for (const spec of specs) started.push(await first.start(spec));
+    const ticksOf = (lines: OutputLine[], id: string) => lines.filter((l) => l.replicaId === id && l.line.startsWith("tick")).map((l) => Number(l.line.slice(5)));
+    await until(() => specs.every((s) => ticksOf(firstLines, s.id).length >= 3), "ticks before the restart");
+    await first.close();
+    // The agent is away for a while: the replicas keep writing.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+
+    const second = newDriver();
+    const secondLines = output(second);
+    const exited = exits(second);
+    const adopted = await second.adopt();
+    expect(adopted.map((r) => [r.spec.id, r.handle, r.running]).sort()).toEqual(started.map((r) => [r.spec.id, r.handle, true]).sort());
+    for (const spec of specs) {
+      await until(() => ticksOf(secondLines, spec.id).length >= 8, "ticks after the restart");
+      const before = ticksOf(firstLines, spec.id);
+      const after = ticksOf(secondLines, spec.id);
+      // Every tick exactly once, across both agents.
+      expect([...before, ...after]).toEqual(Array.from({ length: before.length + after.length }, (_, i) => i + 1));
+      expect(await get(spec.port!)).toBe(`hello from ${spec.port}`);
+    }
+
+    const [crashing, stopping] = specs as [ReplicaSpec, ReplicaSpec];
+    expect(await get(crashing.port!, "/exit")).toBe("bye");
+    const exit = await until(() => exited.find((s) => s.spec.id === crashing.id), "the adopted replica's exit");
+    expect(exit.running).toBe(false);
+    expect(exit.exit).toMatchObject({ code: null, oomKilled: false });
+
+    await second.stop(stopping.id, 2_000);
+    expect(groupGone(Number(adopted.find((r) => r.spec.id === stopping.id)!.handle))).toBe(true);
+    expect(second.list().every((r) => !r.running)).toBe(true);
+    expect(exited.map((s) => s.spec.id)).toEqual([crashing.id]);
+
+    const third = newDriver();
+    expect((await third.adopt()).map((r) => r.running)).toEqual([false, false]);
+  });
+
+  it("does not take a process that reused a recorded pid for the replica", async () => {
+    const spec = makeSpec("true");
+    const dir = path.join(runDir, "replicas", spec.id);
+    await mkdir(dir, { recursive: true });
+    const record = { spec, pid: process.pid, startedAt: new Date().toISOString(), procStart: "1", cgroup: null, oomBase: 0, sandboxed: false };
+    await writeFile(path.join(dir, "replica.json"), JSON.stringify(record));
+    const driver = newDriver();
+    const [adopted] = await driver.adopt();
+    expect(adopted).toMatchObject({ running: false, exit: { code: null, oomKilled: false } });
+  });
+});
+
+describe("ProcessDriver limits", () => {
+  it.skipIf(!memory.ok)(`OOM-kills a replica beyond its 64 MiB cgroup limit and reports oomKilled${noMemory}`, async () => {
+    const driver = newDriver();
+    const exited = exits(driver);
+    const lines = output(driver);
+    const script = `
+      const keep = [];
+      console.log("allocating");
+      setInterval(() => { keep.push(Buffer.alloc(16 * 1024 * 1024, 1)); console.log("holding " + keep.length * 16 + " MiB"); }, 50);
+    `;
+    const spec = makeSpec(nodeCommand(script), { memoryMb: 64 });
+    await driver.start(spec);
+    const record = JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { cgroup: string };
+    expect(record.cgroup).toBeTruthy();
+    const limitFile = existsSync(path.join(record.cgroup, "memory.max")) ? "memory.max" : "memory.limit_in_bytes";
+    expect((await readFile(path.join(record.cgroup, limitFile), "utf8")).trim()).toBe(String(64 * 1024 * 1024));
+    const state = await until(() => exited[0], "the OOM kill", 30_000);
+    expect(state.exit?.oomKilled).toBe(true);
+    expect(lines.some((l) => l.line === "allocating")).toBe(true);
+    expect(lines.some((l) => l.line === "holding 256 MiB")).toBe(false);
+    await driver.remove(spec.id);
+    expect(existsSync(record.cgroup)).toBe(false);
+    expect(existsSync(path.join(runDir, "replicas", spec.id))).toBe(false);
+  });
+
+  it.skipIf(!sandbox.ok)(`sandboxes a replica: only its release dir, HOME and a private /tmp are writable, the network is shared${noSandbox}`, async () => {
+    const driver = newDriver({ sandbox: "auto" });
+    const port = await freePort();
+    const escape = path.join(runDir, "escape");
+    const script = `
+      const fs = require("node:fs");
+      const http = require("node:http");
+      const attempt = (file) => { try { fs.writeFileSync(file, "x"); return "ok"; } catch (e) { return e.code; } };
+      const result = {
+        usr: attempt("/usr/platform-sandbox-probe"),
+        release: attempt("release-file"),
+        home: attempt(process.env.HOME + "/home-file"),
+        tmp: attempt("/tmp/platform-sandbox-probe"),
+        outside: attempt(${JSON.stringify(escape)}),
+      };
+      http.createServer((req, res) => res.end(JSON.stringify(result))).listen(Number(process.env.PORT), "127.0.0.1");
+    `;
+    const spec = makeSpec(nodeCommand(script), { port, env: { PORT: String(port) } });
+    await driver.start(spec);
+    const result = JSON.parse(await get(port)) as Record<string, string>;
+    expect(result).toMatchObject({ usr: "EROFS", release: "ok", home: "ok", tmp: "ok" });
+    expect(existsSync("/usr/platform-sandbox-probe")).toBe(false);
+    expect(existsSync("/tmp/platform-sandbox-probe")).toBe(false);
+    // Under /tmp the write lands in the sandbox's own tmpfs, elsewhere it is refused: never on the host.
+    expect(existsSync(escape)).toBe(false);
+    expect(existsSync(path.join(releaseDir, "release-file"))).toBe(true);
+    expect(existsSync(path.join(runDir, "replicas", spec.id, "home", "home-file"))).toBe(true);
+  });
+});
+
+describe("Supervisor", () => {
+  it("restarts a desired replica that crashed (crashed, then restarted) and leaves released ones down", async () => {
+    const driver = newDriver();
+    const events: SupervisorEvent[] = [];
+    const supervisor = new Supervisor({ driver, onEvent: (e) => events.push(e) });
+    supervisors.push(supervisor);
+    const driverExits = exits(driver);
+
+    const port = await freePort();
+    const crashOnce = `
+      const fs = require("node:fs");
+      if (!fs.existsSync(process.env.MARKER)) {
+        fs.writeFileSync(process.env.MARKER, "");
+        setTimeout(() => { console.error("crashing on purpose"); process.exit(2); }, 300);
+      } else {
+        ${HTTP_SERVER}
+      }
+    `;
+    const desired = makeSpec(nodeCommand(crashOnce), { port, env: { PORT: String(port), MARKER: path.join(releaseDir, "crashed-once") } });
+    const released = makeSpec(nodeCommand(`setTimeout(() => process.exit(4), 300);`));
+    const first = await driver.start(desired);
+    supervisor.desire(desired);
+    await driver.start(released);
+    supervisor.desire(released);
+    supervisor.release(released.id);
+    expect(supervisor.desired().map((s) => s.id)).toEqual([desired.id]);
+
+    await until(() => events.some((e) => e.kind === "restarted"), "the restart");
+    expect(events.map((e) => [e.replicaId, e.kind])).toEqual([
+      [desired.id, "crashed"],
+      [desired.id, "restarted"],
+    ]);
+    expect(events[0]).toMatchObject({ app: "app", branch: "main", group: "g", service: "web", exit: { code: 2, oomKilled: false } });
+    expect(await get(port)).toBe(`hello from ${port}`);
+    const now = driver.list().find((r) => r.spec.id === desired.id)!;
+    expect(now.running).toBe(true);
+    expect(now.handle).not.toBe(first.handle);
+
+    await until(() => driverExits.some((s) => s.spec.id === released.id), "the released replica's exit");
+    await new Promise((resolve) => setTimeout(resolve, 1_500));
+    expect(events.filter((e) => e.replicaId === released.id)).toEqual([]);
+    expect(driver.list().find((r) => r.spec.id === released.id)?.running).toBe(false);
+
+    supervisor.release(desired.id);
+    await driver.stop(desired.id, 2_000);
+    expect(events).toHaveLength(2);
+  });
+});
