@@ -1,11 +1,12 @@
 /**
- * `npm start`: the whole platform on this machine. Postgres and NATS are used when they answer
- * and started under .data/ when they do not; then the eight services, the gateway and one agent
- * start as child processes with their output prefixed by name. Ctrl-C stops everything this
- * started (the fleet, then the Postgres/NATS it started; never the machine's own).
+ * `npm start`: the whole platform on this machine. Postgres, NATS and the router's Caddy are used
+ * when they answer and started under .data/ when they do not; then the eight services, the
+ * gateway and one agent start as child processes with their output prefixed by name. Ctrl-C
+ * stops everything this started (the fleet, then the Postgres/NATS/Caddy it started; never the
+ * machine's own).
  */
 import path from "node:path";
-import { GATEWAY_PORT } from "@platform/config";
+import { GATEWAY_PORT, agentEnv, loadConfigOrExit } from "@platform/config";
 import {
   DEFAULT_DATA_DIR,
   DEFAULT_DATABASE_URL,
@@ -30,6 +31,10 @@ if (!Number.isInteger(port) || port < 1 || port > 65535) {
   process.stderr.write(`Invalid environment variable PORT: must be a port between 1 and 65535 (got '${env.PORT}')\n`);
   process.exit(1);
 }
+const router = loadConfigOrExit(
+  { AGENT_ROUTER_ADMIN_URL: agentEnv.AGENT_ROUTER_ADMIN_URL, PLATFORM_ROUTER_PORT: agentEnv.PLATFORM_ROUTER_PORT },
+  env,
+);
 
 const say = (line = "") => process.stdout.write(`${line}\n`);
 const abort = new AbortController();
@@ -44,7 +49,7 @@ async function shutdown(code: number): Promise<never> {
   abort.abort();
   await starting?.catch(() => undefined);
   await fleet?.stop();
-  if (infra && infra.started.length > 0) say(`stopping ${infra.started.join(" and ")}`);
+  if (infra && infra.started.length > 0) say(`stopping ${infra.started.join(", ")}`);
   await infra?.stop();
   if (fleet || infra?.started.length) say(`stopped (${((Date.now() - began) / 1000).toFixed(1)} s)`);
   process.exit(code);
@@ -73,6 +78,7 @@ async function main(): Promise<void> {
   starting = ensureInfrastructure({
     databaseUrl: env.DATABASE_URL!,
     natsUrl: env.NATS_URL!,
+    router: { adminUrl: router.AGENT_ROUTER_ADMIN_URL, port: router.PLATFORM_ROUTER_PORT },
     dataDir: DEFAULT_DATA_DIR,
     log: (line) => say(`[infra] ${line}`),
   });
@@ -98,6 +104,7 @@ async function main(): Promise<void> {
   say();
   say(`    API        ${api}`);
   say(`    Docs       ${api}/docs`);
+  say(`    Apps       http://127.0.0.1:${router.PLATFORM_ROUTER_PORT}   (Caddy; admin API ${router.AGENT_ROUTER_ADMIN_URL})`);
   say(`    Root key   ${rootKey}   (${keySource})`);
   say();
   say("  Try it:");

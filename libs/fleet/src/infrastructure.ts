@@ -1,10 +1,11 @@
 /**
- * The two moving parts every process needs: Postgres and NATS with JetStream. When the machine
- * already runs them (DATABASE_URL and NATS_URL answer), they are used as they are. Otherwise the
- * dev runner starts its own from the installed server programs, with their data under `.data/`,
- * installing Debian's packages first when it can (root with apt-get) and saying exactly what to
- * install when it cannot. Whatever it started, it can stop; what the machine provided it leaves
- * alone.
+ * The two moving parts every process needs: Postgres and NATS with JetStream; and, for the dev
+ * runner, the Caddy the agent routes apps through. When the machine already runs them
+ * (DATABASE_URL, NATS_URL and the router's admin URL answer), they are used as they are. Otherwise
+ * the dev runner starts its own from the installed server programs, with their data under
+ * `.data/`, installing Debian's packages first when it can (root with apt-get) and saying exactly
+ * what to install when it cannot. Whatever it started, it can stop; what the machine provided it
+ * leaves alone.
  */
 import fs from "node:fs";
 import path from "node:path";
@@ -14,14 +15,17 @@ import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { isExecutable, isRoot, lastLines, run, runChecked, shellQuote, sleep, which } from "./exec.ts";
 import { redactUrl } from "./paths.ts";
+import { caddyBin, probeCaddy, startCaddy } from "./caddy.ts";
 
 export type InfraLog = (line: string) => void;
-export type InfraPart = "postgres" | "nats";
+export type InfraPart = "postgres" | "nats" | "caddy";
 
 export interface InfrastructureOptions {
   databaseUrl: string;
   natsUrl: string;
-  /** Local data goes to `<dataDir>/postgres` and `<dataDir>/nats`. */
+  /** Also a Caddy answering at `adminUrl` (the agent's AGENT_ROUTER_ADMIN_URL), serving apps on `port`. */
+  router?: { adminUrl: string; port: number };
+  /** Local data goes to `<dataDir>/postgres`, `<dataDir>/nats` and `<dataDir>/caddy`. */
   dataDir: string;
   log?: InfraLog;
   /** How long to wait for a server started here to answer (default 60 s). */
@@ -107,15 +111,21 @@ function hostOf(url: URL): string {
 // ---------------------------------------------------------------------------------------------
 // Installing the server programs
 
-const APT_PACKAGE: Record<InfraPart, string> = { postgres: "postgresql", nats: "nats-server" };
-const SYSTEMD_UNIT: Record<InfraPart, string> = { postgres: "postgresql", nats: "nats-server" };
+const APT_PACKAGE: Record<InfraPart, string> = { postgres: "postgresql", nats: "nats-server", caddy: "caddy" };
+const BREW_PACKAGE: Record<InfraPart, string> = { postgres: "postgresql", nats: "nats-server", caddy: "caddy" };
+const SYSTEMD_UNIT: Record<InfraPart, string> = { postgres: "postgresql", nats: "nats-server", caddy: "caddy" };
+const PROGRAMS: Record<InfraPart, string> = {
+  postgres: "PostgreSQL server programs (initdb, pg_ctl)",
+  nats: "nats-server",
+  caddy: "caddy",
+};
 
 function installHint(parts: InfraPart[]): string {
   const pkgs = parts.map((p) => APT_PACKAGE[p]).join(" ");
   if (which("apt-get")) return `sudo apt-get update && sudo apt-get install -y ${pkgs}`;
-  const names = parts.map((p) => (p === "postgres" ? "PostgreSQL server (initdb, pg_ctl)" : "nats-server")).join(" and ");
+  const names = parts.map((p) => PROGRAMS[p]).join(" and ");
   return `install ${names} with your package manager (Debian/Ubuntu: apt-get install -y ${pkgs}; macOS: brew install ${parts
-    .map((p) => (p === "postgres" ? "postgresql" : "nats-server"))
+    .map((p) => BREW_PACKAGE[p])
     .join(" ")})`;
 }
 
@@ -164,18 +174,19 @@ function natsServerBin(): string | undefined {
 }
 
 function binaryPresent(part: InfraPart): boolean {
-  return part === "postgres" ? postgresBinDir() !== undefined : natsServerBin() !== undefined;
+  if (part === "postgres") return postgresBinDir() !== undefined;
+  return (part === "nats" ? natsServerBin() : caddyBin()) !== undefined;
 }
 
 /**
  * Makes sure the server programs of `parts` are installed. Installs Debian's packages when we are
  * root on a machine with apt-get; otherwise fails with the command to run.
  */
-async function ensureBinaries(parts: InfraPart[], log: InfraLog): Promise<InfraPart[]> {
+export async function ensureBinaries(parts: InfraPart[], log: InfraLog): Promise<InfraPart[]> {
   const missing = parts.filter((p) => !binaryPresent(p));
   if (missing.length === 0) return [];
   if (!(isRoot() && which("apt-get"))) {
-    const what = missing.map((p) => (p === "postgres" ? "PostgreSQL server programs (initdb, pg_ctl)" : "nats-server")).join(" and ");
+    const what = missing.map((p) => PROGRAMS[p]).join(" and ");
     throw new InfrastructureError(`${what} not installed, and not running at the configured URL. Install with:\n  ${installHint(missing)}`);
   }
   await aptInstall(
@@ -187,7 +198,9 @@ async function ensureBinaries(parts: InfraPart[], log: InfraLog): Promise<InfraP
     throw new InfrastructureError(`installed ${still.map((p) => APT_PACKAGE[p]).join(" ")} but its server program is still missing`);
   }
   // A systemd machine starts Debian's own services on install: Debian's nats-server without
-  // JetStream, Debian's Postgres cluster with password auth. Our runner manages its own copies.
+  // JetStream, Debian's Postgres cluster with password auth, Debian's Caddy serving its own
+  // Caddyfile on port 80 with its admin API where the agent's default points. Our runner manages
+  // its own copies.
   if (which("systemctl")) {
     for (const p of missing) {
       const unit = SYSTEMD_UNIT[p];
@@ -364,6 +377,20 @@ async function startNats(natsUrl: string, dataDir: string, log: InfraLog): Promi
 }
 
 // ---------------------------------------------------------------------------------------------
+// Caddy
+
+async function startRouterCaddy(router: { adminUrl: string; port: number }, dataDir: string, log: InfraLog, timeoutMs: number): Promise<Started> {
+  const caddy = await startCaddy({
+    adminPort: Number(new URL(router.adminUrl).port || 80),
+    httpPort: router.port,
+    dataDir: path.join(dataDir, "caddy"),
+    log,
+    timeoutMs,
+  });
+  return { part: "caddy", logFile: caddy.logFile, stop: caddy.stop };
+}
+
+// ---------------------------------------------------------------------------------------------
 
 async function waitUntilAnswers(
   label: string,
@@ -404,19 +431,21 @@ function refusalMessage(part: InfraPart, url: string, reason: string | undefined
 }
 
 /**
- * Makes sure Postgres (DATABASE_URL) and NATS with JetStream (NATS_URL) answer, starting local
- * ones under `dataDir` when they do not. Returns what it started so the caller can stop it.
+ * Makes sure Postgres (DATABASE_URL), NATS with JetStream (NATS_URL) and, when `router` is given,
+ * a Caddy admin API answer, starting local ones under `dataDir` when they do not. Returns what it
+ * started so the caller can stop it.
  */
 export async function ensureInfrastructure(opts: InfrastructureOptions): Promise<StartedInfrastructure> {
   const log = opts.log ?? ((line: string) => process.stderr.write(`[infra] ${line}\n`));
   const timeoutMs = opts.timeoutMs ?? 60_000;
-  const urls: Record<InfraPart, string> = { postgres: opts.databaseUrl, nats: opts.natsUrl };
+  const urls: Record<InfraPart, string> = { postgres: opts.databaseUrl, nats: opts.natsUrl, caddy: opts.router?.adminUrl ?? "" };
   const probes: Record<InfraPart, () => Promise<Probe>> = {
     postgres: () => probePostgres(opts.databaseUrl),
     nats: () => probeNats(opts.natsUrl),
+    caddy: async () => ((await probeCaddy(urls.caddy)) ? { ok: true } : { ok: false, reason: "no Caddy admin API answers" }),
   };
-  const labels: Record<InfraPart, string> = { postgres: "Postgres", nats: "NATS" };
-  const parts: InfraPart[] = ["postgres", "nats"];
+  const labels: Record<InfraPart, string> = { postgres: "Postgres", nats: "NATS", caddy: "Caddy" };
+  const parts: InfraPart[] = opts.router ? ["postgres", "nats", "caddy"] : ["postgres", "nats"];
 
   const check = async () => {
     const results = await Promise.all(parts.map((p) => probes[p]()));
@@ -454,7 +483,12 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
   };
   try {
     const starting = down.map(async (p) => {
-      const s = p === "postgres" ? await startPostgres(urls[p], opts.dataDir, log) : await startNats(urls[p], opts.dataDir, log);
+      const s =
+        p === "postgres"
+          ? await startPostgres(urls[p], opts.dataDir, log)
+          : p === "nats"
+            ? await startNats(urls[p], opts.dataDir, log)
+            : await startRouterCaddy(opts.router!, opts.dataDir, log, timeoutMs);
       started.push(s);
       await waitUntilAnswers(labels[p], urls[p], probes[p], s, timeoutMs);
     });
@@ -465,7 +499,7 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
     await stopAll();
     throw err;
   }
-  log(`${started.map((s) => s.part).join(" and ")} ready`);
+  log(`${started.map((s) => s.part).join(", ")} ready`);
   let stopping: Promise<void> | undefined;
   return {
     started: started.map((s) => s.part),

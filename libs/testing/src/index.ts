@@ -1,14 +1,18 @@
 /**
  * The test harness. End-to-end tests start a whole fleet as real processes on free ports with
  * `startTestFleet()`: its own database on the machine's Postgres, its own NATS subject and stream
- * prefix, its own root key, so fleets of different test files never see each other. Integration
- * tests of one service use `createTestDatabase()` and `uniquePrefix()` the same way.
+ * prefix, its own root key and its own Caddy as the agent's router, so fleets of different test
+ * files never see each other. Integration tests of one service use `createTestDatabase()` and
+ * `uniquePrefix()` the same way.
  *
  * The machine's Postgres and NATS must answer (DATABASE_URL / NATS_URL, or the defaults);
- * `npm test` makes sure of that before running the tests.
+ * `npm test` makes sure of that before running the tests. Caddy must be installed (Debian's
+ * `caddy`); `startCaddy` installs it when it runs as root on a machine with apt-get.
  */
+import os from "node:os";
 import path from "node:path";
 import { randomBytes } from "node:crypto";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import pg from "pg";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
@@ -20,11 +24,13 @@ import {
   generateRootKey,
   portsFromList,
   serviceUrls,
+  startCaddy,
   startFleet,
   type FleetProcess,
+  type StartedCaddy,
 } from "@platform/fleet";
 
-export { freePort, freePorts, generateRootKey } from "@platform/fleet";
+export { freePort, freePorts, generateRootKey, startCaddy, type StartedCaddy } from "@platform/fleet";
 
 /** Databases this harness creates are named `platform_test_<random>`; only those may be dropped. */
 export const TEST_DATABASE_PREFIX = "platform_test_";
@@ -157,6 +163,13 @@ export interface TestFleet {
   databaseUrl: string;
   natsUrl: string;
   busPrefix: string;
+  /**
+   * The port apps are served on (PLATFORM_ROUTER_PORT of every process), by the fleet's own Caddy
+   * that the agent drives. With `agent: false` no Caddy is started and nothing listens there.
+   */
+  routerPort: number;
+  /** `http://127.0.0.1:<routerPort>`: send requests here with the app's host name in `Host`. */
+  routerUrl: string;
   processes: FleetProcess[];
   /** The collected output of one process (`identity`, `gateway`, `gateway-2`, `agent`, ...). */
   logs(name: string): string;
@@ -176,6 +189,23 @@ function inheritedEnv(): Record<string, string | undefined> {
   return env;
 }
 
+/**
+ * Stops the replicas a fleet's agent started (process runtime: each records its pid, the leader
+ * of its own process group, in `<runDir>/replicas/<id>/replica.json`).
+ */
+async function killReplicas(runDir: string): Promise<void> {
+  const dir = path.join(runDir, "replicas");
+  const ids = await readdir(dir).catch(() => [] as string[]);
+  for (const id of ids) {
+    try {
+      const { pid } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as { pid?: number };
+      if (typeof pid === "number" && pid > 1) process.kill(-pid, "SIGKILL");
+    } catch {
+      // Gone already, or never started: nothing to stop.
+    }
+  }
+}
+
 export async function startTestFleet(options: TestFleetOptions = {}): Promise<TestFleet> {
   const replicas = options.gatewayReplicas ?? 1;
   if (!Number.isInteger(replicas) || replicas < 1) throw new Error(`gatewayReplicas must be a whole number >= 1 (got ${replicas})`);
@@ -183,7 +213,12 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
   const natsUrl = testNatsUrl();
   const databaseUrl = await createTestDatabase({ name: `${TEST_DATABASE_PREFIX}${busPrefix.slice(1)}` });
   const rootKey = options.rootKey ?? generateRootKey();
-  const ports = portsFromList(await freePorts(8 + replicas + 1), replicas);
+  const processPorts = 8 + replicas + 1;
+  const portList = await freePorts(processPorts + 2);
+  const ports = portsFromList(portList, replicas);
+  const [routerAdminPort, routerPort] = portList.slice(processPorts) as [number, number];
+  const withAgent = options.agent ?? true;
+  const fleetDir = await mkdtemp(path.join(os.tmpdir(), `platform-fleet-${busPrefix}-`));
   const env: Record<string, string> = {};
   const shared: Record<string, string | undefined> = {
     ...inheritedEnv(),
@@ -191,17 +226,31 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
     DATABASE_URL: databaseUrl,
     NATS_URL: natsUrl,
     BUS_PREFIX: busPrefix,
+    PLATFORM_ROUTER_PORT: String(routerPort),
+    AGENT_ROUTER_ADMIN_URL: withAgent ? `http://127.0.0.1:${routerAdminPort}` : undefined,
+    // The agent's clones, images, releases and replicas belong to this fleet alone.
+    AGENT_WORK_DIR: path.join(fleetDir, "agent"),
+    AGENT_IMAGE_DIR: path.join(fleetDir, "agent", "images"),
+    AGENT_RUN_DIR: path.join(fleetDir, "agent", "run"),
     ...options.env,
   };
   for (const [k, v] of Object.entries(shared)) if (v !== undefined) env[k] = v;
   const logDir = options.logDir ?? (process.env.TEST_FLEET_LOG_DIR ? path.resolve(REPO_ROOT, process.env.TEST_FLEET_LOG_DIR, busPrefix) : undefined);
 
+  let caddy: StartedCaddy | undefined;
   const cleanup = async () => {
+    await caddy?.stop();
+    // Deployed apps outlive their agent by design; a test fleet takes them down with it.
+    await killReplicas(env.AGENT_RUN_DIR ?? path.join(fleetDir, "agent", "run"));
+    await rm(fleetDir, { recursive: true, force: true });
     await dropDatabase(databaseUrl).catch(() => undefined);
     await deleteBusStreams(busPrefix, natsUrl).catch(() => undefined);
   };
   let fleet;
   try {
+    if (withAgent) {
+      caddy = await startCaddy({ adminPort: routerAdminPort, httpPort: routerPort, dataDir: path.join(fleetDir, "caddy"), log: () => undefined });
+    }
     fleet = await startFleet({
       env,
       ports,
@@ -225,6 +274,8 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
     databaseUrl,
     natsUrl,
     busPrefix,
+    routerPort,
+    routerUrl: `http://127.0.0.1:${routerPort}`,
     processes: started.processes,
     logs: (name) => started.logs(name),
     stop() {

@@ -1,0 +1,254 @@
+/**
+ * The router driver (ARCHITECTURE section 5): the host's Caddy, driven only through its admin API.
+ *
+ * The agent owns one server of Caddy's config, `apps.http.servers.platform`, plain HTTP on the
+ * router port. Each front door is one route of that server, tagged `"@id": "fd-<key>"` so that the
+ * admin API can address it directly (`/id/fd-<key>`); inside it a subroute sends each path mount
+ * to the upstreams of the colour serving now. A last catch-all route answers 404 for a host no
+ * front door serves.
+ *
+ * Every change is one admin write, and Caddy applies a config change as a whole: it starts the
+ * new config on the listener it already holds, then lets the old one finish the requests in
+ * flight. So a `put` that flips a front door's upstreams (a PATCH of its route) is atomic, and no
+ * request in flight is failed by it. Only the old config's idle keep-alive connections are closed;
+ * a client that had just written a request on one sends it again, as HTTP clients do.
+ */
+import type { Logger } from "@platform/logger";
+import type { MountSpec, RouteSpec, Router } from "./router-types.ts";
+
+export const ROUTER_SERVER = "platform";
+export const NOT_FOUND_BODY = "no app is served at this address\n";
+export const NO_MOUNT_BODY = "no service is mounted at this path\n";
+export const NO_REPLICA_BODY = "this service has no running replica\n";
+
+const SERVER_PATH = `/config/apps/http/servers/${ROUTER_SERVER}`;
+const ROUTE_ID_PREFIX = "fd-";
+const ADMIN_TIMEOUT_MS = 10_000;
+const TEXT = { "Content-Type": ["text/plain; charset=utf-8"] };
+
+/** Characters kept as they are in a route id; every other byte becomes `_xx`, so keys come back intact. */
+const ID_SAFE = /^[A-Za-z0-9.-]$/;
+
+export function routeId(key: string): string {
+  if (key === "") throw new Error("a front door's key must not be empty");
+  let id = ROUTE_ID_PREFIX;
+  for (const byte of new TextEncoder().encode(key)) {
+    const ch = String.fromCharCode(byte);
+    id += ID_SAFE.test(ch) ? ch : `_${byte.toString(16).padStart(2, "0")}`;
+  }
+  return id;
+}
+
+/** The key of a route id made by `routeId`; undefined for any other id. */
+export function keyOfRouteId(id: string): string | undefined {
+  if (!id.startsWith(ROUTE_ID_PREFIX)) return undefined;
+  const encoded = id.slice(ROUTE_ID_PREFIX.length);
+  if (!/^(?:[A-Za-z0-9.-]|_[0-9a-f]{2})+$/.test(encoded)) return undefined;
+  try {
+    return decodeURIComponent(encoded.replaceAll("_", "%"));
+  } catch {
+    return undefined;
+  }
+}
+
+type CaddyHandler = Record<string, unknown> & { handler: string };
+
+interface CaddyRoute {
+  "@id"?: string;
+  match?: Record<string, string[]>[];
+  handle: CaddyHandler[];
+  terminal?: boolean;
+}
+
+function textResponse(status: number, body: string): CaddyHandler {
+  return { handler: "static_response", status_code: status, headers: TEXT, body };
+}
+
+function checkMountPath(key: string, path: string): void {
+  if (!/^\/(?:[^/*?\s]+(?:\/[^/*?\s]+)*)?$/.test(path)) {
+    throw new Error(`front door ${key}: mount path '${path}' must be '/' or '/prefix' without a trailing slash or wildcard`);
+  }
+}
+
+function mountRoute(mount: MountSpec): CaddyRoute {
+  const handle: CaddyHandler[] =
+    mount.upstreams.length > 0
+      ? [
+          {
+            handler: "reverse_proxy",
+            upstreams: mount.upstreams.map((dial) => ({ dial })),
+            load_balancing: { selection_policy: { policy: "round_robin" } },
+          },
+        ]
+      : [textResponse(503, NO_REPLICA_BODY)];
+  // `/api` serves `/api` and everything below it, never `/apix`.
+  return mount.path === "/" ? { handle } : { match: [{ path: [mount.path, `${mount.path}/*`] }], handle };
+}
+
+/** One front door as a route of the `platform` server. */
+export function frontDoorRoute(route: RouteSpec): CaddyRoute {
+  if (route.hosts.length === 0) throw new Error(`front door ${route.key} has no host name`);
+  const seen = new Set<string>();
+  for (const mount of route.mounts) {
+    checkMountPath(route.key, mount.path);
+    if (seen.has(mount.path)) throw new Error(`front door ${route.key}: path ${mount.path} is mounted twice`);
+    seen.add(mount.path);
+  }
+  // Caddy runs a subroute's routes in order and the first reverse_proxy answers: longest path first.
+  const routes = [...route.mounts].sort((a, b) => b.path.length - a.path.length).map(mountRoute);
+  if (!seen.has("/")) routes.push({ handle: [textResponse(404, NO_MOUNT_BODY)] });
+  return {
+    "@id": routeId(route.key),
+    match: [{ host: route.hosts }],
+    handle: [{ handler: "subroute", routes }],
+    terminal: true,
+  };
+}
+
+/** The whole `platform` server: the front doors, then the catch-all. */
+export function routerServer(routes: RouteSpec[], listenPort: number): Record<string, unknown> {
+  const keys = new Set<string>();
+  for (const route of routes) {
+    if (keys.has(route.key)) throw new Error(`front door ${route.key} is listed twice`);
+    keys.add(route.key);
+  }
+  return {
+    listen: [`:${listenPort}`],
+    // Plain HTTP only: no certificate is asked for and no redirect to HTTPS is added.
+    automatic_https: { disable: true },
+    routes: [...routes.map(frontDoorRoute), { handle: [textResponse(404, NOT_FOUND_BODY)] }],
+  };
+}
+
+interface AdminReply {
+  status: number;
+  text: string;
+}
+
+function causeText(err: unknown): string {
+  if (err instanceof Error && err.name === "TimeoutError") return `no answer within ${ADMIN_TIMEOUT_MS / 1000} s`;
+  const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
+  return cause?.code ?? cause?.message ?? (err instanceof Error ? err.message : String(err));
+}
+
+export interface CaddyRouterOptions {
+  /** Caddy's admin API, e.g. `http://127.0.0.1:2019`. */
+  adminUrl: string;
+  /** The port the `platform` server serves every front door on. */
+  listenPort: number;
+  logger?: Logger;
+}
+
+export class CaddyRouter implements Router {
+  readonly adminUrl: string;
+  readonly listenPort: number;
+  private readonly logger: Logger | undefined;
+  /**
+   * Changes run one at a time: `put` reads before it creates, and Caddy accepts a second route
+   * with an `@id` it already holds, so two interleaved creates of one key would leave two.
+   */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(opts: CaddyRouterOptions) {
+    this.adminUrl = opts.adminUrl.replace(/\/+$/, "");
+    this.listenPort = opts.listenPort;
+    this.logger = opts.logger;
+  }
+
+  async current(): Promise<string[] | null> {
+    const server = (await this.read(SERVER_PATH)) as { routes?: CaddyRoute[] } | null;
+    if (server === null) return null;
+    const keys: string[] = [];
+    for (const route of server.routes ?? []) {
+      const key = route["@id"] === undefined ? undefined : keyOfRouteId(route["@id"]);
+      if (key !== undefined) keys.push(key);
+    }
+    return keys;
+  }
+
+  async assertAll(routes: RouteSpec[]): Promise<void> {
+    const server = routerServer(routes, this.listenPort);
+    return this.serially(async () => {
+      // POST replaces an existing server; PUT creates it, with the http app around it if need be.
+      const exists = (await this.read(SERVER_PATH)) !== null;
+      await this.write(exists ? "POST" : "PUT", SERVER_PATH, server);
+      this.logger?.info({ front_doors: routes.length, port: this.listenPort }, "router table asserted");
+    });
+  }
+
+  async put(route: RouteSpec): Promise<void> {
+    const caddyRoute = frontDoorRoute(route);
+    const id = caddyRoute["@id"]!;
+    return this.serially(async () => {
+      const patched = await this.admin("PATCH", `/id/${id}`, caddyRoute);
+      if (patched.status === 200) {
+        this.logger?.info({ route: route.key, hosts: route.hosts }, "front door replaced");
+        return;
+      }
+      if (patched.status !== 404) throw this.failure("PATCH", `/id/${id}`, patched);
+      if ((await this.read(`${SERVER_PATH}/routes`)) === null) {
+        throw new Error(
+          `cannot add front door ${route.key}: Caddy at ${this.adminUrl} holds no '${ROUTER_SERVER}' server (restarted?); the routing table must be asserted first`,
+        );
+      }
+      // Front doors match disjoint hosts, so their order does not matter; index 0 keeps the new
+      // one ahead of the catch-all, which must stay last.
+      await this.write("PUT", `${SERVER_PATH}/routes/0`, caddyRoute);
+      this.logger?.info({ route: route.key, hosts: route.hosts }, "front door added");
+    });
+  }
+
+  async remove(key: string): Promise<void> {
+    const id = routeId(key);
+    return this.serially(async () => {
+      const reply = await this.admin("DELETE", `/id/${id}`);
+      if (reply.status !== 200 && reply.status !== 404) throw this.failure("DELETE", `/id/${id}`, reply);
+      if (reply.status === 200) this.logger?.info({ route: key }, "front door removed");
+    });
+  }
+
+  private serially<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.queue.then(fn);
+    this.queue = next.catch(() => undefined);
+    return next;
+  }
+
+  /** The config at `path`; null when it is absent. */
+  private async read(path: string): Promise<unknown> {
+    const reply = await this.admin("GET", path);
+    // Caddy answers null for a missing key, but 400 when a parent of it is missing too (no http app).
+    if (reply.status === 400 && reply.text.includes("invalid traversal path")) return null;
+    if (reply.status !== 200) throw this.failure("GET", path, reply);
+    return JSON.parse(reply.text) as unknown;
+  }
+
+  private async write(method: string, path: string, body: unknown): Promise<void> {
+    const reply = await this.admin(method, path, body);
+    if (reply.status !== 200) throw this.failure(method, path, reply);
+  }
+
+  private async admin(method: string, path: string, body?: unknown): Promise<AdminReply> {
+    try {
+      const res = await fetch(`${this.adminUrl}${path}`, {
+        method,
+        headers: body === undefined ? {} : { "content-type": "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(ADMIN_TIMEOUT_MS),
+      });
+      return { status: res.status, text: await res.text() };
+    } catch (err) {
+      throw new Error(`Caddy admin API at ${this.adminUrl} is not reachable (${causeText(err)})`, { cause: err });
+    }
+  }
+
+  private failure(method: string, path: string, reply: AdminReply): Error {
+    let message = reply.text.trim();
+    try {
+      const parsed = JSON.parse(reply.text) as { error?: unknown };
+      if (typeof parsed.error === "string") message = parsed.error;
+    } catch {
+      // not JSON: keep Caddy's text as it is
+    }
+    return new Error(`Caddy admin API: ${method} ${path} answered ${reply.status}: ${message || "(no message)"}`);
+  }
+}

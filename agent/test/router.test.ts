@@ -1,0 +1,233 @@
+/**
+ * The Caddy router driver against a real Caddy (started on free ports, as a test fleet does) and
+ * tiny upstream servers that answer with their own name.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+import { freePorts, startCaddy, type StartedCaddy } from "@platform/testing";
+import { CaddyRouter, NOT_FOUND_BODY, NO_MOUNT_BODY, NO_REPLICA_BODY, keyOfRouteId, routeId } from "../src/router.ts";
+import type { RouteSpec } from "../src/router-types.ts";
+
+const HOST = "app.t.localhost";
+const SLOW_MS = 600;
+
+let dataDir: string;
+let adminPort: number;
+let httpPort: number;
+let caddy: StartedCaddy;
+let router: CaddyRouter;
+const upstreams: Record<"blue" | "green" | "api", { server: http.Server; dial: string }> = {} as never;
+
+/** Answers its name; `/slow` answers it after SLOW_MS. */
+async function upstream(name: string): Promise<{ server: http.Server; dial: string }> {
+  const server = http.createServer((req, res) => {
+    const answer = () => res.writeHead(200, { "content-type": "text/plain" }).end(name);
+    if (req.url === "/slow") setTimeout(answer, SLOW_MS);
+    else answer();
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return { server, dial: `127.0.0.1:${(server.address() as AddressInfo).port}` };
+}
+
+interface Reply {
+  status: number;
+  body: string;
+}
+
+/**
+ * A request to the router with `host` in the Host header (fetch may not set Host). A failure
+ * says whether it went out on a reused keep-alive connection.
+ */
+function get(host: string, urlPath = "/", agent: http.Agent | false = false): Promise<Reply> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port: httpPort, path: urlPath, headers: { host }, agent, timeout: 5000 }, (res) => {
+      let body = "";
+      res.setEncoding("utf8").on("data", (chunk: string) => (body += chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+      res.on("error", reject);
+    });
+    req.on("timeout", () => req.destroy(new Error(`no answer for ${host}${urlPath}`)));
+    req.on("error", (err) => reject(Object.assign(err, { reusedSocket: req.reusedSocket })));
+    req.end();
+  });
+}
+
+/**
+ * A keep-alive client as browsers, curl and Go's client are: a request whose reused connection
+ * was closed before any answer is sent again once (RFC 9112 section 9.3.1; Node leaves this to
+ * the caller, see `request.reusedSocket`). Caddy's config change needs it: the old config closes
+ * its idle keep-alive connections, and a request written to one at that instant was never read.
+ */
+async function getKeepAlive(host: string, agent: http.Agent, onRetry: () => void): Promise<Reply> {
+  try {
+    return await get(host, "/", agent);
+  } catch (err) {
+    const { reusedSocket, code } = err as { reusedSocket?: boolean; code?: string };
+    if (!reusedSocket || code !== "ECONNRESET") throw err;
+    onRetry();
+    return get(host, "/", agent);
+  }
+}
+
+function frontDoor(colour: "blue" | "green", key = "grp/app/main", hosts = [HOST]): RouteSpec {
+  return { key, hosts, mounts: [{ service: "web", path: "/", upstreams: [upstreams[colour].dial] }] };
+}
+
+async function startOwnCaddy(): Promise<StartedCaddy> {
+  return startCaddy({ adminPort, httpPort, dataDir, log: () => undefined });
+}
+
+beforeAll(async () => {
+  dataDir = await mkdtemp(path.join(os.tmpdir(), "agent-router-test-"));
+  [adminPort, httpPort] = (await freePorts(2)) as [number, number];
+  [upstreams.blue, upstreams.green, upstreams.api] = await Promise.all([upstream("blue"), upstream("green"), upstream("api")]);
+  caddy = await startOwnCaddy();
+  router = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: httpPort });
+});
+
+afterAll(async () => {
+  await caddy?.stop();
+  for (const u of Object.values(upstreams)) u.server.closeAllConnections();
+  await Promise.all(Object.values(upstreams).map((u) => new Promise((resolve) => u.server.close(resolve))));
+  if (dataDir) await rm(dataDir, { recursive: true, force: true });
+});
+
+describe("route ids", () => {
+  it("keep any key recoverable: safe characters as they are, every other byte as _xx", () => {
+    expect(routeId("grp/app/main")).toBe("fd-grp_2fapp_2fmain");
+    expect(routeId("a_b.c-D")).toBe("fd-a_5fb.c-D");
+    for (const key of ["grp/app/main", "a_b.c-D", "ünï/cödé", "x%20y", "_"]) expect(keyOfRouteId(routeId(key))).toBe(key);
+    expect(keyOfRouteId("other")).toBeUndefined();
+    expect(keyOfRouteId("fd-bad_zz")).toBeUndefined();
+  });
+});
+
+describe("CaddyRouter on a real Caddy", () => {
+  it("assertAll serves a front door on plain HTTP; any other host gets 404", async () => {
+    await router.assertAll([frontDoor("blue")]);
+    expect(await get(HOST)).toEqual({ status: 200, body: "blue" });
+    expect(await get(HOST, "/any/path")).toEqual({ status: 200, body: "blue" });
+    expect(await get("nothing.t.localhost")).toEqual({ status: 404, body: NOT_FOUND_BODY });
+    expect(await router.current()).toEqual(["grp/app/main"]);
+  });
+
+  it("assertAll replaces the whole table", async () => {
+    await router.assertAll([frontDoor("green", "other", ["other.t.localhost"]), frontDoor("blue")]);
+    expect((await router.current())?.sort()).toEqual(["grp/app/main", "other"]);
+    await router.assertAll([frontDoor("blue")]);
+    expect(await router.current()).toEqual(["grp/app/main"]);
+    expect((await get("other.t.localhost")).status).toBe(404);
+  });
+
+  it("path mounts: the longest mount wins, /api serves /api and below but not /apix", async () => {
+    await router.put({
+      key: "mounts",
+      hosts: ["mounts.t.localhost"],
+      mounts: [
+        { service: "web", path: "/", upstreams: [upstreams.blue.dial] },
+        { service: "api", path: "/api", upstreams: [upstreams.api.dial] },
+        { service: "docs", path: "/api/docs", upstreams: [] },
+      ],
+    });
+    const h = "mounts.t.localhost";
+    expect(await get(h, "/api/x")).toEqual({ status: 200, body: "api" });
+    expect(await get(h, "/api")).toEqual({ status: 200, body: "api" });
+    expect(await get(h, "/apix")).toEqual({ status: 200, body: "blue" });
+    expect(await get(h, "/")).toEqual({ status: 200, body: "blue" });
+    expect(await get(h, "/api/docs/v1")).toEqual({ status: 503, body: NO_REPLICA_BODY });
+    expect(await get(HOST)).toEqual({ status: 200, body: "blue" });
+    expect((await router.current())?.sort()).toEqual(["grp/app/main", "mounts"]);
+  });
+
+  it("a front door without a / mount answers 404 outside its mounts; several upstreams take turns", async () => {
+    await router.put({
+      key: "api-only",
+      hosts: ["api-only.t.localhost"],
+      mounts: [{ service: "api", path: "/api", upstreams: [upstreams.blue.dial, upstreams.green.dial] }],
+    });
+    expect(await get("api-only.t.localhost", "/")).toEqual({ status: 404, body: NO_MOUNT_BODY });
+    const bodies = new Set<string>();
+    for (let i = 0; i < 4; i++) bodies.add((await get("api-only.t.localhost", "/api")).body);
+    expect([...bodies].sort()).toEqual(["blue", "green"]);
+    await router.remove("api-only");
+  });
+
+  it("put flips blue to green without failing a request: keep-alive loop and one in flight", async () => {
+    await router.put(frontDoor("blue"));
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const seen: string[] = [];
+    const failures: string[] = [];
+    let retries = 0;
+    // A slow request that the old config is still serving when the flip lands.
+    const inFlight = get(HOST, "/slow");
+    let flipDone = false;
+    const flip = sleep(SLOW_MS / 3)
+      .then(() => router.put(frontDoor("green")))
+      .finally(() => (flipDone = true));
+    let afterFlip = 0;
+    while (afterFlip < 50 && seen.length + failures.length < 5000) {
+      try {
+        const reply = await getKeepAlive(HOST, agent, () => retries++);
+        if (reply.status === 200) seen.push(reply.body);
+        else failures.push(`${reply.status} ${reply.body}`);
+      } catch (err) {
+        failures.push(String(err));
+      }
+      if (flipDone) afterFlip++;
+    }
+    await flip;
+    agent.destroy();
+
+    expect(failures).toEqual([]);
+    // One connection, one config change: at most its one idle connection was closed under a request.
+    expect(retries).toBeLessThanOrEqual(1);
+    expect(await inFlight).toEqual({ status: 200, body: "blue" });
+    // Traffic switches once: blue until the flip, then only green.
+    const firstGreen = seen.indexOf("green");
+    expect(firstGreen).toBeGreaterThan(0);
+    expect(seen.slice(firstGreen).every((b) => b === "green")).toBe(true);
+    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+  });
+
+  it("remove stops serving a front door and is idempotent", async () => {
+    await router.remove("mounts");
+    expect((await get("mounts.t.localhost", "/api")).status).toBe(404);
+    await router.remove("mounts");
+    await router.remove("never-existed");
+    expect(await router.current()).toEqual(["grp/app/main"]);
+  });
+
+  it("refuses a route it cannot express, before calling Caddy", async () => {
+    const bad = (path: string): RouteSpec => ({ key: "bad", hosts: ["bad.t.localhost"], mounts: [{ service: "web", path, upstreams: [] }] });
+    await expect(router.put(bad("/api/"))).rejects.toThrow(/mount path/);
+    await expect(router.put(bad("api"))).rejects.toThrow(/mount path/);
+    await expect(router.put({ key: "bad", hosts: [], mounts: [] })).rejects.toThrow(/no host/);
+    await expect(router.assertAll([frontDoor("blue"), frontDoor("green")])).rejects.toThrow(/listed twice/);
+    expect(await router.current()).toEqual(["grp/app/main"]);
+  });
+
+  it("after a Caddy restart: unreachable while down, null when back empty, assertAll restores routing", async () => {
+    await caddy.stop();
+    await expect(router.current()).rejects.toThrow(`Caddy admin API at ${caddy.adminUrl} is not reachable`);
+
+    caddy = await startOwnCaddy();
+    expect(await router.current()).toBeNull();
+    await expect(router.put(frontDoor("green"))).rejects.toThrow(/holds no 'platform' server/);
+    expect(await router.current()).toBeNull();
+
+    await router.assertAll([frontDoor("green")]);
+    expect(await router.current()).toEqual(["grp/app/main"]);
+    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+  });
+
+  it("an error of the admin API carries Caddy's message", async () => {
+    const other = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: 70000 });
+    await expect(other.assertAll([])).rejects.toThrow(/Caddy admin API: POST \/config\/apps\/http\/servers\/platform answered \d+: .*70000/);
+    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+  });
+});
