@@ -1,7 +1,7 @@
 /**
  * The host agent: one per host. It heartbeats, answers its health endpoints and its fast RPCs
- * (GIT_PREFLIGHT), and runs the deploy lane's work (BUILD so far; runtime drivers and the router
- * arrive with deployments), shipping its log lines to health-aggregator.
+ * (GIT_PREFLIGHT), and runs the deploy lane's work (builds; deploys, undeploys and service actions
+ * on its runtime driver behind the router), shipping its log lines to health-aggregator.
  */
 import http from "node:http";
 import { resolve as resolvePath } from "node:path";
@@ -11,10 +11,11 @@ import { createLogger, type Logger } from "@platform/logger";
 import { connectBus, subjects, traceHeaders } from "@platform/bus";
 import { LogShipper } from "@platform/logship";
 import { createServiceClient } from "@platform/rpc";
-import { DeployQueueService } from "@platform/proto";
+import { AppsBuildsService, DeployQueueService } from "@platform/proto";
 import { startWorkLane } from "./work.ts";
 import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
+import { startRuntimeHost } from "./runtime-host.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -35,12 +36,6 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   const startedAt = new Date();
   const bus = await connectBus({ url: config.NATS_URL, name: `agent-${config.AGENT_HOST_ID}`, prefix: config.BUS_PREFIX ?? "", logger });
 
-  const beat = async () => {
-    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, process.cwd());
-    bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
-  };
-  await beat();
-  const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
 
   const preflightDeps: PreflightDeps = {
     workDir: resolvePath(config.AGENT_WORK_DIR),
@@ -48,6 +43,26 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   };
   const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
   const shipper = new LogShipper({ bus, defaults: { instance_id: config.AGENT_HOST_ID }, logger });
+  const runtime = await startRuntimeHost({
+    hostId: config.AGENT_HOST_ID,
+    runDir: config.AGENT_RUN_DIR,
+    imageDir: config.AGENT_IMAGE_DIR,
+    runtime: config.AGENT_RUNTIME as "process" | "docker",
+    dockerSocket: config.AGENT_DOCKER_SOCKET,
+    routerAdminUrl: config.AGENT_ROUTER_ADMIN_URL,
+    routerPort: config.PLATFORM_ROUTER_PORT,
+    healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
+    apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }),
+    logger,
+    ship: (line) => void shipper.ship(line),
+  });
+
+  const beat = async () => {
+    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, process.cwd(), runtime.inventory());
+    bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
+  };
+  await beat();
+  const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
   const work = await startWorkLane({
     bus,
     hostId: config.AGENT_HOST_ID,
@@ -60,6 +75,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       allowFileRepos: allowFileRepos(config),
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
     },
+    deployer: runtime.deployer,
+    onFinished: () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")),
   });
   // The server knows the subscriptions before the agent says it is ready.
   await bus.nc.flush();
@@ -84,6 +101,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     clearInterval(timer);
     await work.stop();
     await preflight.stop();
+    await runtime.close();
     await shipper.close();
     await bus.close();
     throw err;
@@ -100,6 +118,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       await work.stop();
       await preflight.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));
+      await runtime.close();
       await shipper.close();
       await bus.close();
     },

@@ -45,6 +45,8 @@ export interface BuildOutcome {
     commit_author?: string;
     commit_committed_at?: string;
     images?: string[];
+    /** platform.yaml as authored in the commit: the base config layer and what deploys of the tag run. */
+    config?: Record<string, unknown>;
     log: string;
     /** Output of each phase, last 200 lines each. */
     phases: Record<string, string>;
@@ -182,6 +184,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       for (const p of parsed.errors) emit("error", `${configPath.path}${p.line ? `:${p.line}:${p.column}` : ""}: ${p.path ? `${p.path}: ` : ""}${p.message}`);
       throw new BuildFailure(`${configPath.path} is invalid: ${parsed.errors[0]?.message ?? "see the log"}`);
     }
+    result.config = parsed.config as Record<string, unknown>;
     const config = normalizeAppConfig(parsed.config);
     emit("info", `Config ${configPath.path}: ${config.type} app with ${Object.keys(config.services ?? {}).length} service(s)`);
 

@@ -19,9 +19,30 @@ export interface Heartbeat {
   memory_free_bytes: number;
   load: [number, number, number];
   disk: { path: string; total_bytes: number; free_bytes: number } | null;
+  /** What runs here, per service of each deployed app (doc 2 section 4.10 derives runtime status from it). */
+  inventory: InventoryEntry[];
+  containers: { running: number; total: number };
+  runtime: string;
 }
 
-export async function sampleHeartbeat(hostId: string, version: string, startedAt: Date, dataPath: string): Promise<Heartbeat> {
+export interface InventoryEntry {
+  group: string;
+  app: string;
+  branch: string;
+  service: string;
+  tag: string;
+  colour: string;
+  replicas_desired: number;
+  replicas_running: number;
+}
+
+export async function sampleHeartbeat(
+  hostId: string,
+  version: string,
+  startedAt: Date,
+  dataPath: string,
+  runtime: { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } },
+): Promise<Heartbeat> {
   const [l1 = 0, l5 = 0, l15 = 0] = os.loadavg();
   let disk: Heartbeat["disk"] = null;
   try {
@@ -42,5 +63,8 @@ export async function sampleHeartbeat(hostId: string, version: string, startedAt
     memory_free_bytes: os.freemem(),
     load: [l1, l5, l15],
     disk,
+    inventory: runtime.inventory,
+    containers: runtime.containers,
+    runtime: runtime.name,
   };
 }

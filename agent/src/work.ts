@@ -10,16 +10,28 @@ import { runConsumer, subjects, type Bus, type EventEnvelope, type JsMsg, type R
 import type { Logger } from "@platform/logger";
 import type { DeployQueueService } from "@platform/proto";
 import { runBuild, type BuildDeps, type BuildJob, type LogLevel } from "./builder.ts";
+import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
 
 /** Action types this agent runs; others wait in the queue for an agent that does. */
-export const SUPPORTED_ACTIONS = new Set(["BUILD"]);
+export const SUPPORTED_ACTIONS = new Set(["BUILD", "DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_ACTION", "RECONCILE_ROUTING"]);
 const UNSUPPORTED_RETRY_MS = 60_000;
 const ADMISSION_RETRY_MS = 2_000;
 /** JetStream's redelivery window; long builds tell it they are still working. */
 const ACK_WAIT_MS = 60_000;
 
 export interface WorkLog {
-  (line: { action_id: string; build_id?: string; app_name: string; branch: string; group_slug: string; level: LogLevel; message: string; service_name?: string; source: "build" | "agent" }): void;
+  (line: {
+    action_id: string;
+    build_id?: string;
+    deployment_id?: string;
+    app_name: string;
+    branch: string;
+    group_slug: string;
+    level: LogLevel;
+    message: string;
+    service_name?: string;
+    source: "build" | "deploy" | "agent";
+  }): void;
 }
 
 export interface WorkOptions {
@@ -29,6 +41,10 @@ export interface WorkOptions {
   logger: Logger;
   log: WorkLog;
   build: Omit<BuildDeps, "log" | "phase" | "hostId">;
+  /** Runs the deploy-lane actions beyond BUILD; `phase` and `log` are bound per action. */
+  deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
+  /** After an action changed what runs here: the fleet should hear of it before the next heartbeat. */
+  onFinished?(): void;
 }
 
 export interface WorkLane {
@@ -53,11 +69,29 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       return;
     }
     const action = claim.action;
-    const job = JSON.parse(action.payloadJson) as BuildJob;
-    job.action_id = actionId;
-    const keepAlive = setInterval(() => msg.working(), ACK_WAIT_MS / 3);
+    let phaseNow = "";
+    const phase = async (name: string) => {
+      phaseNow = name;
+      return (await queue.reportProgress({ actionId, hostId, phase: name, message: "" })).cancelRequested;
+    };
+    // JetStream must not redeliver a long action, and the queue must see it is alive (stuck_class).
+    const keepAlive = setInterval(() => {
+      msg.working();
+      void queue.reportProgress({ actionId, hostId, phase: phaseNow, message: "" }).catch(() => undefined);
+    }, ACK_WAIT_MS / 3);
     try {
-      const outcome = await runBuild(job, {
+      const outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase) : await runDeployAction(actionType, action.payloadJson, phase);
+      await queue.completeAction({ actionId, hostId, status: outcome.status, errorMessage: outcome.error_message, resultJson: JSON.stringify(outcome.result) });
+      logger.info({ action_id: actionId, action_type: actionType, status: outcome.status }, "action finished");
+      opts.onFinished?.();
+    } finally {
+      clearInterval(keepAlive);
+    }
+
+    async function runBuildAction(payloadJson: string, phase: (name: string) => Promise<boolean>) {
+      const job = JSON.parse(payloadJson) as BuildJob;
+      job.action_id = actionId;
+      return runBuild(job, {
         ...opts.build,
         hostId,
         log: (line) =>
@@ -72,12 +106,37 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
             service_name: line.service_name,
             source: "build",
           }),
-        phase: async (name) => (await queue.reportProgress({ actionId, hostId, phase: name, message: "" })).cancelRequested,
+        phase,
       });
-      await queue.completeAction({ actionId, hostId, status: outcome.status, errorMessage: outcome.error_message, resultJson: JSON.stringify(outcome.result) });
-      logger.info({ action_id: actionId, status: outcome.status }, "build finished");
-    } finally {
-      clearInterval(keepAlive);
+    }
+
+    async function runDeployAction(type: string, payloadJson: string, phase: (name: string) => Promise<boolean>) {
+      const job = { ...(JSON.parse(payloadJson) as DeployJob), action_id: actionId, action_type: type };
+      const deployer = opts.deployer({
+        phase,
+        log: (line) =>
+          opts.log({
+            action_id: actionId,
+            deployment_id: job.deployment_id ?? actionId,
+            app_name: job.app_name,
+            branch: job.branch,
+            group_slug: job.group_slug,
+            level: line.level,
+            message: line.message,
+            service_name: line.service_name,
+            source: "deploy",
+          }),
+      });
+      switch (type) {
+        case "UNDEPLOY":
+          return deployer.undeploy(job);
+        case "SERVICE_ACTION":
+          return deployer.serviceAction(job);
+        case "RECONCILE_ROUTING":
+          return deployer.reconcile(job);
+        default:
+          return deployer.deploy(job);
+      }
     }
   };
 

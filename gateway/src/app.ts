@@ -23,6 +23,8 @@ import { groupRoutes } from "./routes/groups.ts";
 import { healthRoutes } from "./routes/health.ts";
 import { keyRoutes } from "./routes/keys.ts";
 import { queueRoutes } from "./routes/queue.ts";
+import { deploymentRoutes } from "./routes/deployments.ts";
+import { appLifecycleRoutes } from "./routes/app-lifecycle.ts";
 import { DeployQueueService } from "@platform/proto";
 import { logRoutes } from "./routes/logs.ts";
 import { varRoutes } from "./routes/vars.ts";
@@ -82,6 +84,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL);
   buildRoutes(app, apps, queue, health);
   queueRoutes(app, queue);
+  deploymentRoutes(app, queue);
+  appLifecycleRoutes(app, apps, queue);
   logRoutes(app, health);
   varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);

@@ -3,6 +3,7 @@
  * routes arrive with their own issue; until then members and their sessions are created with
  * identity's own domain functions on the fleet's database, the same code sign-in will call.
  */
+import http from "node:http";
 import { openDatabase } from "@platform/db";
 import { entities } from "../../services/identity/src/entities/index.ts";
 import { migrations } from "../../services/identity/src/migrations/0001_identity.ts";
@@ -77,4 +78,27 @@ export async function waitFor<T>(read: () => Promise<T>, done: (value: T) => boo
     if (Date.now() > until) throw new Error(`timed out waiting; last value ${JSON.stringify(value)}`);
     await new Promise((r) => setTimeout(r, 250));
   }
+}
+
+/**
+ * A GET of an app's public URL through the router. App host names (`<app>.<env>.localhost`)
+ * need no DNS here: the request goes to 127.0.0.1 on the URL's port with the Host header the
+ * browser would send. A new connection per request, as a curl loop makes.
+ */
+export function viaRouter(url: string, timeoutMs = 5_000): Promise<{ status: number; body: string }> {
+  const u = new URL(url);
+  return new Promise((resolve, reject) => {
+    const req = http.get(
+      { host: "127.0.0.1", port: Number(u.port || 80), path: `${u.pathname}${u.search}`, headers: { host: u.host }, agent: false, timeout: timeoutMs },
+      (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (c: string) => (body += c));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+        res.on("error", reject);
+      },
+    );
+    req.on("timeout", () => req.destroy(new Error(`GET ${url} timed out`)));
+    req.on("error", reject);
+  });
 }

@@ -28,9 +28,9 @@ export function appJson(a: App, single: boolean) {
     running_version: orNull(a.runningVersion),
     running_build_id: orNull(a.runningBuildId),
     running_since: orNull(a.runningSince),
-    // Front doors are rebuilt from the routing shape on every read; nothing routes before a deploy.
-    urls: [] as string[],
-    services: a.serviceNames.map((name) => ({ name, url: null })),
+    // Rebuilt by apps-builds from the routing shape on every read.
+    urls: a.urls,
+    services: a.services.map((s) => ({ name: s.name, url: s.url ?? null })),
     database_enabled: a.databaseEnabled,
     cache_enabled: a.cacheEnabled,
     email_enabled: a.emailEnabled,
@@ -51,7 +51,14 @@ export function appJson(a: App, single: boolean) {
     updated_at: a.updatedAt,
   };
   if (!single) return base;
-  return { ...base, last_deploy_status: null, last_deploy_error: null, last_crash_output: null, last_build_status: null, last_build_error: null };
+  return {
+    ...base,
+    last_deploy_status: orNull(a.lastDeployStatus),
+    last_deploy_error: orNull(a.lastDeployError),
+    last_crash_output: a.lastCrashOutputJson ? (JSON.parse(a.lastCrashOutputJson) as Record<string, string[]>) : null,
+    last_build_status: orNull(a.lastBuildStatus),
+    last_build_error: orNull(a.lastBuildError),
+  };
 }
 
 const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;

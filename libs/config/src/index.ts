@@ -161,6 +161,11 @@ const common = {
   NATS_URL: { type: "nats-url", default: "nats://127.0.0.1:4222", description: "NATS server with JetStream" },
   PLATFORM_ENVIRONMENT: { type: "string", default: "dev", description: "name of this environment" },
   PLATFORM_DOMAIN: { type: "string", default: "localhost", description: "domain apps are served under" },
+  PLATFORM_ROUTER_PORT: {
+    type: "port",
+    default: "8480",
+    description: "HTTP port of the router (Caddy) serving every app's front door; 80 omits it from app URLs",
+  },
   LOG_LEVEL: {
     type: "enum",
     default: "info",
@@ -238,6 +243,11 @@ export const appsBuildsEnv = {
   ...fileRepos,
 } as const satisfies EnvSpec;
 
+export const deployQueueEnv = {
+  ...serviceEnv("deploy-queue"),
+  ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
+} as const satisfies EnvSpec;
+
 export const gatewayEnv = {
   ...common,
   PORT: { type: "port", default: String(GATEWAY_PORT), description: "HTTP port of the /api gateway" },
@@ -278,19 +288,33 @@ export const agentEnv = {
     description: "the host's image store: one archive per built tag",
   },
   AGENT_BUILD_TIMEOUT_S: { type: "int", default: "900", description: "a build running longer than this fails" },
+  AGENT_RUN_DIR: {
+    type: "string",
+    default: ".data/agent/run",
+    description: "where deployed releases, replica output and the agent's record of what runs are kept",
+  },
+  AGENT_RUNTIME: { type: "enum", default: "process", values: ["process", "docker"], description: "runtime driver of deployed services" },
+  AGENT_DOCKER_SOCKET: { type: "string", default: "/var/run/docker.sock", description: "Docker Engine API socket (runtime docker)" },
+  AGENT_ROUTER_ADMIN_URL: { type: "url", default: "http://127.0.0.1:2019", description: "admin API of this host's Caddy" },
+  AGENT_HEALTH_CHECK_TIMEOUT_S: {
+    type: "int",
+    default: "60",
+    description: "how long a new replica has to answer its health check before the deploy fails",
+  },
   PLATFORM_ALLOW_FILE_REPOS: {
     type: "bool",
     optional: true,
     description: "accept file:// repository URLs (a bare repository on the host); default true in the dev environment",
   },
   ...(serviceUrl("deploy-queue") as Record<"DEPLOY_QUEUE_URL", VarSpec>),
+  ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
 } as const satisfies EnvSpec;
 
 /** The variables each process of the fleet reads; deploy files are checked against this. */
 export const FLEET_ENV: Record<ServiceName | "gateway" | "agent", EnvSpec> = {
   identity: identityEnv,
   "apps-builds": appsBuildsEnv,
-  "deploy-queue": serviceEnv("deploy-queue"),
+  "deploy-queue": deployQueueEnv,
   "domains-dns": serviceEnv("domains-dns"),
   mailer: serviceEnv("mailer"),
   storage: serviceEnv("storage"),

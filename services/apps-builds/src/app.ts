@@ -11,6 +11,7 @@ import { configMigrations } from "./migrations/0004_app_config.ts";
 import { variableMigrations } from "./migrations/0002_variables.ts";
 import { settingsMigrations } from "./migrations/0005_app_settings.ts";
 import { cloneDataMigrations } from "./migrations/0006_clone_data.ts";
+import { deploymentMigrations } from "./migrations/0007_deployments.ts";
 import { startBuildTracker } from "./build-tracker.ts";
 import { startPreflightWorker } from "./preflight-worker.ts";
 import { buildHandlers } from "./rpc-builds.ts";
@@ -25,7 +26,7 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     name: "apps-builds",
     config,
     entities: [...entities, ...variableEntities],
-    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations],
+    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations, ...deploymentMigrations],
     routes: (ctx) => routes({ ...ctx, config }, buildHandlers, settingsHandlers, variableHandlers),
     async onStart(ctx) {
       const preflight = await startPreflightWorker(ctx);

@@ -4,7 +4,7 @@ import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { requireCaller } from "@platform/caller";
 import { readConfigLayers, saveAppConfig, setProductionBranch, updateApp } from "./domain/app-settings.ts";
 import type { Overlay } from "./domain/overlay.ts";
-import { appMsg, type AppsBuildsContext, type Handlers } from "./rpc.ts";
+import { appMsg, routerSettings, type AppsBuildsContext, type Handlers } from "./rpc.ts";
 
 /** A JSON body carried as a `google.protobuf.Value`; undefined when none was sent. */
 const bodyOf = (value: Value | undefined): unknown => (value ? toJson(ValueSchema, value) : undefined);
@@ -20,7 +20,7 @@ export function settingsHandlers(ctx: AppsBuildsContext): Handlers {
       const caller = requireCaller(req.caller);
       const body = bodyOf(req.patch);
       const r = await ctx.write((em) => updateApp(em, caller, req.appName, req.branch || undefined, body));
-      return { app: appMsg(r.app), preflightActionId: r.preflightActionId ?? undefined };
+      return { app: appMsg(r.app, routerSettings(ctx.config)), preflightActionId: r.preflightActionId ?? undefined };
     },
 
     async setProductionBranch(req) {

@@ -7,14 +7,27 @@ import { allowFileRepos } from "@platform/config";
 import { AppSchema, AppsBuildsService, BranchSchema, type App as AppMsg } from "@platform/proto";
 import { requireCaller } from "@platform/caller";
 import type { ServiceContext } from "@platform/service";
-import type { App } from "./entities/index.ts";
+import { Build, type App } from "./entities/index.ts";
+import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
+import { resolveRelease } from "./domain/releases.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
 import { registerApp } from "./domain/registration.ts";
 import { requeuePreflight } from "./domain/preflight.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
 
-export function appMsg(a: App): AppMsg {
+/** Where front doors are: read from the service's config once. */
+export function routerSettings(config: { PLATFORM_ENVIRONMENT: string; PLATFORM_DOMAIN: string; PLATFORM_ROUTER_PORT: number }): RouterSettings {
+  return { environment: config.PLATFORM_ENVIRONMENT, domain: config.PLATFORM_DOMAIN, port: config.PLATFORM_ROUTER_PORT };
+}
+
+/** The single-app fields beyond the list shape (spec 2.1). */
+export interface SingleAppExtras {
+  lastBuild: Build | null;
+}
+
+export function appMsg(a: App, router: RouterSettings, single?: SingleAppExtras): AppMsg {
+  const undeployed = a.deployStatus === "undeployed";
   return create(AppSchema, {
     id: a.id,
     appName: a.appName,
@@ -31,9 +44,9 @@ export function appMsg(a: App): AppMsg {
     latestBuild: a.latestBuild ?? undefined,
     buildCount: a.buildCount,
     // Null whenever nothing serves (spec 2.1 rule 4).
-    runningVersion: a.deployStatus === "undeployed" ? undefined : (a.runningVersion ?? undefined),
-    runningBuildId: a.deployStatus === "undeployed" ? undefined : (a.runningBuildId ?? undefined),
-    runningSince: a.deployStatus === "undeployed" ? undefined : iso(a.runningSince),
+    runningVersion: undeployed ? undefined : (a.runningVersion ?? undefined),
+    runningBuildId: undeployed ? undefined : (a.runningBuildId ?? undefined),
+    runningSince: undeployed ? undefined : iso(a.runningSince),
     databaseEnabled: a.databaseEnabled,
     cacheEnabled: a.cacheEnabled,
     emailEnabled: a.emailEnabled,
@@ -47,16 +60,29 @@ export function appMsg(a: App): AppMsg {
           errors: fromJson(ListValueSchema, a.preflightResult.errors as never),
         }
       : undefined,
-    deployWarning: a.deployStatus === "undeployed" ? undefined : (a.deployWarning ?? undefined),
+    deployWarning: undeployed ? undefined : (a.deployWarning ?? undefined),
     warnings: a.warnings,
     createdAt: iso(a.createdAt),
     updatedAt: iso(a.updatedAt),
     createdBy: a.createdBy,
     serviceNames: a.serviceNames,
+    urls: appUrls(a, router),
+    services: serviceUrls(a, router).map((s) => ({ name: s.name, url: s.url ?? undefined })),
+    ...(single
+      ? {
+          lastDeployStatus: a.lastDeployStatus ?? undefined,
+          lastDeployError: a.lastDeployError ?? undefined,
+          lastCrashOutputJson: a.lastCrashOutput && !undeployed ? JSON.stringify(a.lastCrashOutput) : "",
+          lastBuildStatus: single.lastBuild?.status,
+          lastBuildError: single.lastBuild?.errorMessage ?? undefined,
+        }
+      : {}),
   });
 }
 
-export type AppsBuildsContext = ServiceContext & { config: { PLATFORM_ALLOW_FILE_REPOS?: boolean } };
+export type AppsBuildsContext = ServiceContext & {
+  config: { PLATFORM_ALLOW_FILE_REPOS?: boolean; PLATFORM_ENVIRONMENT: string; PLATFORM_DOMAIN: string; PLATFORM_ROUTER_PORT: number };
+};
 
 /** Handlers of AppsBuildsService; each capability contributes its own group of methods. */
 export type Handlers = Partial<ServiceImpl<typeof AppsBuildsService>>;
@@ -69,6 +95,7 @@ export function routes(ctx: AppsBuildsContext, ...more: Array<(ctx: AppsBuildsCo
 
 function appHandlers(ctx: AppsBuildsContext): Handlers {
   const policy = { allowFileRepos: allowFileRepos(ctx.config) };
+  const router = routerSettings(ctx.config);
   return {
       readiness: (req) => ctx.readiness(req),
 
@@ -99,7 +126,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
             policy,
           ),
         );
-        return { app: appMsg(app), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled
+        return { app: appMsg(app, router), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled
             ? { sourceBranch: cloneDataScheduled.source_branch, components: cloneDataScheduled.components }
             : undefined,
         };
@@ -108,12 +135,53 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
       async listApps(req) {
         const caller = requireCaller(req.caller);
         const apps = await ctx.read((em) => listApps(em, caller, req.allGroups));
-        return { items: apps.map(appMsg), total: apps.length };
+        return { items: apps.map((a) => appMsg(a, router)), total: apps.length };
       },
 
       async getApp(req) {
         const caller = requireCaller(req.caller);
-        return appMsg(await ctx.read((em) => findApp(em, caller, req.appName, req.branch || undefined)));
+        return ctx.read(async (em) => {
+          const app = await findApp(em, caller, req.appName, req.branch || undefined);
+          const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
+          return appMsg(app, router, { lastBuild });
+        });
+      },
+
+      async resolveRelease(req) {
+        const caller = req.caller ? requireCaller(req.caller) : null;
+        const r = await ctx.read((em) =>
+          resolveRelease(
+            em,
+            caller,
+            {
+              appName: req.appName,
+              branch: req.branch,
+              imageTag: req.imageTag,
+              groupSlug: req.groupSlug,
+              skipPreflight: req.skipPreflight,
+              allowPendingBuild: req.allowPendingBuild,
+              explicitGroup: req.explicitGroup,
+            },
+            router,
+          ),
+        );
+        return {
+          appId: r.app.id,
+          appName: r.app.appName,
+          branch: r.app.branch,
+          groupSlug: r.app.groupSlug,
+          imageTag: r.imageTag,
+          buildId: r.buildId ?? "",
+          configJson: JSON.stringify(r.config),
+          env: r.env,
+          hosts: r.hosts,
+          visibility: r.app.visibility,
+          isProduction: r.app.isProduction,
+          deployStatus: r.app.deployStatus,
+          runningVersion: r.app.runningVersion ?? undefined,
+          configPath: r.app.configPath,
+          primary: r.app.primaryOverrides ?? {},
+        };
       },
 
       async deleteApp(req) {

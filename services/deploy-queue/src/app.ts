@@ -4,20 +4,25 @@
  * work.any), claimed through the admission gates, and followed to completion; every change is
  * announced as `action_updated`. Agents are known from their heartbeats.
  */
-import { loadConfig, serviceEnv } from "@platform/config";
-import { startService, type RunningService, type ServiceConfig } from "@platform/service";
+import { deployQueueEnv, loadConfig, type Config } from "@platform/config";
+import { startService, type RunningService } from "@platform/service";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_queue.ts";
+import { deploymentMigrations } from "./migrations/0002_deployments.ts";
+import { createServiceClient } from "@platform/rpc";
+import { AppsBuildsService } from "@platform/proto";
 import { routes } from "./rpc.ts";
 import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs } from "./workers.ts";
 
-export function build(config: ServiceConfig = loadConfig(serviceEnv("deploy-queue"))): Promise<RunningService> {
+export type DeployQueueConfig = Config<typeof deployQueueEnv>;
+
+export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): Promise<RunningService> {
   return startService({
     name: "deploy-queue",
     config,
     entities,
-    migrations,
-    routes,
+    migrations: [...migrations, ...deploymentMigrations],
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 })),
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);

@@ -1,6 +1,6 @@
-import { loadConfigOrExit, serviceEnv } from "@platform/config";
+import { deployQueueEnv, loadConfigOrExit } from "@platform/config";
 import { runMain } from "@platform/service";
 import { build } from "./app.ts";
 
-const config = loadConfigOrExit(serviceEnv("deploy-queue"));
+const config = loadConfigOrExit(deployQueueEnv);
 runMain("deploy-queue", () => build(config));

@@ -1,15 +1,21 @@
 /** Connect handlers of deploy-queue: thin translations between protobuf and the domain. */
-import type { ConnectRouter } from "@connectrpc/connect";
+import type { Client, ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
-import { ActionSchema, DeployQueueService, type Action as ActionMsg } from "@platform/proto";
-import { requireCaller } from "@platform/caller";
+import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type AppsBuildsService } from "@platform/proto";
+import { requireCaller, type Caller } from "@platform/caller";
+import { PlatformError } from "@platform/errors";
 import type { ServiceContext } from "@platform/service";
-import type { Action } from "./entities/index.ts";
+import { Agent, type Action } from "./entities/index.ts";
+import { servicesStatus } from "./domain/services-status.ts";
 import { admitForce } from "./domain/admit-force.ts";
 import { cancelAction } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
+import { deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, retryTarget } from "./domain/deployments.ts";
+import { serviceTargets, undeployBranch } from "./domain/app-actions.ts";
+import type { Dispatched } from "./domain/placement.ts";
+import { publishDispatched } from "./workers.ts";
 import { getVisibleAction } from "./domain/lookup.ts";
 import { prioritize } from "./domain/prioritize.ts";
 import { listQueue, withStuckClass, type ActionView } from "./domain/queue.ts";
@@ -51,7 +57,44 @@ export function actionMsg({ action: a, stuckClass }: ActionView): ActionMsg {
   });
 }
 
-export function routes(ctx: ServiceContext) {
+const json = (v: unknown) => (v === null || v === undefined ? "" : JSON.stringify(v));
+
+export function deploymentMsg(a: Action, caller: Caller) {
+  const operator = caller.platformOperator;
+  return create(DeploymentSchema, {
+    id: a.id,
+    deploymentId: a.id,
+    appName: a.appName,
+    branch: a.branch,
+    imageTag: opt(a.imageTag),
+    status: deploymentStatus(a),
+    phase: opt(a.phase),
+    previousTag: opt((a.result?.previous_tag as string | undefined) ?? (a.payload?.previous_tag as string | undefined)),
+    createdBy: a.createdBy,
+    createdAt: iso(a.createdAt) ?? "",
+    updatedAt: iso(a.updatedAt) ?? "",
+    completedAt: iso(a.completedAt),
+    // Operator-only fields: present in the schema, null for tenants (spec 2.4).
+    placementPlanJson: operator ? json(a.payload?.placement_plan ?? { host: a.dispatchedTo ?? null }) : "",
+    instanceStatusJson: operator ? json(a.result?.instance_status ?? null) : "",
+    leaderInstance: operator ? opt(a.claimedBy) : undefined,
+    infrastructureJson: operator ? json({ runtime: a.result?.runtime ?? null, host: a.claimedBy ?? a.dispatchedTo ?? null }) : "",
+    actionType: a.actionType,
+    errorMessage: opt(a.errorMessage),
+    groupSlug: a.groupSlug,
+  });
+}
+
+function parseJson(text: string, what: string): unknown {
+  if (!text) return null;
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw PlatformError.invalid(`${what} is not valid JSON.`);
+  }
+}
+
+export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>) {
   const view = async (action: Action | null, now: Date) =>
     action ? actionMsg((await ctx.read((em) => withStuckClass(em, [action], now)))[0]!) : undefined;
 
@@ -102,6 +145,198 @@ export function routes(ctx: ServiceContext) {
           queueStatus: o.queueStatus,
           dependentsCancelled: o.dependentsCancelled,
           appName: o.appName,
+        };
+      },
+
+      async queueDeployment(req) {
+        const caller = requireCaller(req.caller);
+        const release = await apps.resolveRelease({
+          caller,
+          appName: req.appName,
+          branch: req.branch,
+          imageTag: req.imageTag,
+          skipPreflight: req.skipPreflight,
+          explicitGroup: req.explicitGroup,
+        });
+        const services = parseJson(req.servicesJson, "services");
+        const plan = parseJson(req.placementPlanJson, "placement_plan");
+        const dispatched: Dispatched[] = [];
+        const action = await ctx.write((em) =>
+          queueDeployment(
+            em,
+            caller,
+            {
+              appName: release.appName,
+              branch: release.branch,
+              groupSlug: release.groupSlug,
+              imageTag: release.imageTag,
+              buildId: release.buildId,
+              configPath: release.configPath,
+              runningVersion: release.runningVersion,
+            },
+            {
+              services: Array.isArray(services) ? services : null,
+              placementPlan: plan && typeof plan === "object" && !Array.isArray(plan) ? (plan as Record<string, unknown>) : null,
+              reason: req.reason || "api",
+            },
+            new Date(),
+            dispatched,
+          ),
+        );
+        await publishDispatched(ctx.bus, dispatched, ctx.logger);
+        return { deploymentId: action.id, actionId: action.id, status: "queued", imageTag: action.imageTag ?? "", appName: action.appName, branch: action.branch };
+      },
+
+      async listDeployments(req) {
+        const caller = requireCaller(req.caller);
+        const page = await ctx.read((em) => listDeployments(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset, explicitGroup: req.explicitGroup }));
+        return { items: page.items.map((a) => deploymentMsg(a, caller)), total: page.total };
+      },
+
+      async getDeployment(req) {
+        const caller = requireCaller(req.caller);
+        return deploymentMsg(await ctx.read((em) => getDeployment(em, caller, req.deploymentId)), caller);
+      },
+
+      async getDeploymentLogs(req) {
+        const caller = requireCaller(req.caller);
+        const a = await ctx.read((em) => getDeployment(em, caller, req.deploymentId));
+        return {
+          deploymentId: a.id,
+          appName: a.appName,
+          status: deploymentStatus(a),
+          phases: deploymentPhases(a),
+          errorMessage: opt(a.errorMessage),
+          crashOutputJson: a.result?.crash_output ? JSON.stringify(a.result.crash_output) : "",
+        };
+      },
+
+      async listHistory(req) {
+        const caller = requireCaller(req.caller);
+        const page = await ctx.read((em) => listHistory(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset, explicitGroup: req.explicitGroup }));
+        return {
+          items: page.items.map((h) => ({
+            id: h.id,
+            deploymentId: h.deploymentId,
+            appName: h.appName,
+            branch: h.branch,
+            imageTag: opt(h.imageTag),
+            previousTag: opt(h.previousTag),
+            status: h.status,
+            durationSeconds: h.durationSeconds ?? undefined,
+            envVarsSnapshotJson: JSON.stringify(h.envVarsSnapshot ?? {}),
+            createdBy: h.createdBy,
+            startedAt: iso(h.startedAt),
+            completedAt: iso(h.completedAt),
+          })),
+          total: page.total,
+        };
+      },
+
+      async queueAppAction(req) {
+        const caller = requireCaller(req.caller);
+        const now = new Date();
+        const dispatched: Dispatched[] = [];
+        const type = req.actionType;
+        let branch = req.branch;
+        if (type === "UNDEPLOY") {
+          const { branches } = await apps.listBranches({ caller, appName: req.appName });
+          branch = undeployBranch(req.appName, branches, req.branch);
+        }
+        const app = await apps.getApp({ caller, appName: req.appName, branch });
+        const target = { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch };
+        let result: { actions: Action[]; services: string[]; skippedStatic: string[] };
+        switch (type) {
+          case "UNDEPLOY":
+          case "RECONCILE_ROUTING": {
+            const action = await ctx.write((em) => queueAppAction(em, caller, { ...target, actionType: type, purge: req.purge, imageTag: app.runningVersion ?? null }, now, dispatched));
+            result = { actions: [action], services: [], skippedStatic: [] };
+            break;
+          }
+          case "RETRY": {
+            const failed = await ctx.read((em) => retryTarget(em, target.groupSlug, target.appName, target.branch));
+            // The quarantine and the image are checked as for any deploy.
+            await apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: failed.imageTag ?? "", explicitGroup: req.explicitGroup });
+            const action = await ctx.write(async (em) => {
+              await retryTarget(em, target.groupSlug, target.appName, target.branch);
+              return queueAppAction(
+                em,
+                caller,
+                { ...target, actionType: "RETRY", imageTag: failed.imageTag, payload: { retry_of: failed.id, failed_phase: failed.phase ?? null, previous_tag: app.runningVersion ?? null, services: failed.payload?.services ?? null } },
+                now,
+                dispatched,
+              );
+            });
+            result = { actions: [action], services: [], skippedStatic: [] };
+            break;
+          }
+          case "SERVICE_ACTION": {
+            if (!["restart", "stop", "start"].includes(req.action)) throw PlatformError.invalid("action must be restart, stop or start.");
+            if (app.deployStatus === "undeployed" || !app.runningVersion) {
+              throw PlatformError.conflict({ code: "nothing_running", message: `Nothing runs on branch '${app.branch}' of '${app.appName}': deploy it first.` });
+            }
+            const release = await apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: app.runningVersion, skipPreflight: true, explicitGroup: req.explicitGroup });
+            const config = JSON.parse(release.configJson) as { type?: string; services?: Record<string, unknown> };
+            const shapes = Object.keys(config.services ?? {}).map((name) => ({ name, isStatic: config.type === "static" }));
+            const targets = serviceTargets(app.appName, shapes, req.services[0] ?? null);
+            const actions = await ctx.write(async (em) => {
+              const out: Action[] = [];
+              for (const service of targets.services) {
+                out.push(
+                  await queueAppAction(em, caller, { ...target, actionType: "SERVICE_ACTION", serviceName: service, action: req.action as "restart", imageTag: app.runningVersion ?? null }, now, dispatched),
+                );
+              }
+              return out;
+            });
+            result = { actions, services: targets.services, skippedStatic: targets.skippedStatic };
+            break;
+          }
+          default:
+            throw PlatformError.invalid(`Unknown app action '${type}'.`);
+        }
+        await publishDispatched(ctx.bus, dispatched, ctx.logger);
+        return {
+          actionIds: result.actions.map((a) => a.id),
+          appName: target.appName,
+          branch: target.branch,
+          status: "queued",
+          imageTag: result.actions[0]?.imageTag ?? undefined,
+          services: result.services,
+          skippedStatic: result.skippedStatic,
+        };
+      },
+
+      async getServicesStatus(req) {
+        const caller = requireCaller(req.caller);
+        const app = await apps.getApp({ caller, appName: req.appName, branch: req.branch });
+        let isStatic = false;
+        if (app.latestBuild || app.runningVersion) {
+          const release = await apps
+            .resolveRelease({ caller, appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true, explicitGroup: true })
+            .catch(() => null);
+          isStatic = release ? (JSON.parse(release.configJson) as { type?: string }).type === "static" : false;
+        }
+        const agents = await ctx.read((em) => em.find(Agent, {}));
+        const views = servicesStatus(
+          { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch, isStatic },
+          app.services.map((s) => s.name),
+          agents.map((a) => ({ hostId: a.hostId, lastSeen: a.lastSeen, facts: a.facts ?? {} })),
+          new Date(),
+        );
+        const urls = new Map(app.services.map((s) => [s.name, s.url]));
+        return {
+          appName: app.appName,
+          branch: app.branch,
+          services: views.map((v) => ({
+            name: v.name,
+            status: v.status,
+            runtime: {
+              replicasRunning: v.runtime.replicas_running ?? undefined,
+              hostsUnverified: v.runtime.hosts_unverified ?? undefined,
+              reason: v.runtime.reason ?? undefined,
+            },
+            url: urls.get(v.name) ?? undefined,
+          })),
         };
       },
 

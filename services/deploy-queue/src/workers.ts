@@ -10,6 +10,7 @@ import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
 import { acceptBuildRequest, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
 import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
+import { failOrphanedActions } from "./domain/orphans.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const BUILD_REQUESTED_LEDGER = "deploy-queue.build-requested";
@@ -121,6 +122,14 @@ export function startPeriodicJobs(ctx: ServiceContext): { stop(): Promise<void> 
       ctx.logger.warn({ err }, "re-dispatch failed");
     }
   });
+  const orphans = every(REDISPATCH_INTERVAL_MS, async () => {
+    try {
+      const failed = await ctx.write((em) => failOrphanedActions(em, new Date()));
+      if (failed.length > 0) ctx.logger.warn({ actions: failed.map((a) => a.id) }, "actions of silent agents failed");
+    } catch (err) {
+      ctx.logger.warn({ err }, "orphan check failed");
+    }
+  });
   const prune = every(PRUNE_INTERVAL_MS, async () => {
     try {
       const pruned = await ctx.write((em) => pruneTerminal(em, new Date()));
@@ -132,6 +141,7 @@ export function startPeriodicJobs(ctx: ServiceContext): { stop(): Promise<void> 
   return {
     async stop() {
       await redispatch.stop();
+      await orphans.stop();
       await prune.stop();
     },
   };

@@ -5,7 +5,7 @@
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, serviceEnv } from "@platform/config";
+import { deployQueueEnv, loadConfig } from "@platform/config";
 import { createServiceClient, platformErrorOf } from "@platform/rpc";
 import { DeployQueueService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
@@ -112,7 +112,7 @@ beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
   service = await build(
-    loadConfig(serviceEnv("deploy-queue"), { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+    loadConfig(deployQueueEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
   );
   client = createServiceClient(DeployQueueService, `http://127.0.0.1:${service.rpc.port}`);
   bus = await connectBus({ url: testNatsUrl(), name: "deploy-queue-test", prefix });

@@ -12,6 +12,7 @@ import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { registerApp } from "./registration.ts";
 import { requirePreflightPassed } from "./preflight.ts";
+import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
 
 export interface TriggerInput {
   appName: string;
@@ -179,6 +180,11 @@ export interface ActionUpdate {
   result?: BuildResult | null;
   claimed_at?: string | null;
   completed_at?: string | null;
+  app_name?: string;
+  branch?: string;
+  group_slug?: string;
+  image_tag?: string | null;
+  build_id?: string | null;
 }
 
 /** What the agent reports when a build finishes. */
@@ -189,6 +195,8 @@ export interface BuildResult {
   commit_committed_at?: string;
   images?: string[];
   log?: string;
+  /** platform.yaml as authored in the commit built. */
+  config?: Record<string, unknown>;
 }
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
@@ -198,6 +206,10 @@ const TERMINAL = new Set(["completed", "failed", "cancelled"]);
  * while `status` stays `queued` until the build finishes (spec doc 1 section 2.3).
  */
 export async function applyActionUpdate(em: EntityManager, update: ActionUpdate): Promise<Build | null> {
+  if (DEPLOY_ACTION_TYPES.has(update.action_type) && update.app_name && update.branch && update.group_slug) {
+    await applyDeployUpdate(em, update as unknown as DeployActionUpdate);
+    return null;
+  }
   if (update.action_type !== "BUILD") return null;
   const build = await em.findOne(Build, { id: update.action_id });
   if (!build || TERMINAL.has(build.status)) return build;
@@ -222,9 +234,18 @@ export async function applyActionUpdate(em: EntityManager, update: ActionUpdate)
   if (r.commit_committed_at) build.commitCommittedAt = new Date(r.commit_committed_at);
   if (r.images) build.images = r.images;
   if (r.log !== undefined) build.log = r.log;
+  if (r.config && typeof r.config === "object") build.config = r.config;
   if (update.status === "completed") {
     const app = await em.findOne(App, { id: build.appId });
-    if (app) app.latestBuild = build.tag;
+    if (app) {
+      app.latestBuild = build.tag;
+      // The base layer is refreshed by each successful build (spec 4.4 config layers).
+      if (build.config) {
+        app.baseConfig = build.config;
+        const services = build.config.services;
+        if (services && typeof services === "object") app.serviceNames = Object.keys(services);
+      }
+    }
   }
   return build;
 }

@@ -136,6 +136,7 @@ export async function registerApp(
     serviceNames: [],
     warnings: [],
     deployWarning: null,
+    primaryOverrides: {},
     baseConfig: null,
     overlay: {},
     seedFromReference: null,

@@ -46,6 +46,14 @@ export const AppSchema = defineEntity({
     serviceNames: p.json<string[]>(),
     warnings: p.json<string[]>(),
     deployWarning: p.text().nullable(),
+    /** The DEPLOY, RETRY or UNDEPLOY action the last_* fields describe. */
+    lastDeployActionId: p.uuid().nullable(),
+    lastDeployStatus: p.text().nullable(),
+    lastDeployError: p.text().nullable(),
+    /** service name -> at most 30 lines, captured when the latest deploy failed its health checks. */
+    lastCrashOutput: p.json<Record<string, string[]>>().nullable(),
+    /** PATCH primary-services: per-service overrides, effective immediately. */
+    primaryOverrides: p.json<Record<string, boolean>>(),
     /** The repository's config as the last successful build (or preflight) read it. */
     baseConfig: p.json<Record<string, unknown>>().nullable(),
     /** Dashboard edits over the base: `{path: {value, base}}` (spec 4.4 config layers). */
@@ -91,6 +99,8 @@ export const BuildSchema = defineEntity({
     images: p.json<string[]>(),
     errorMessage: p.text().nullable(),
     log: p.text().nullable(),
+    /** The repository config of the commit built (platform.yaml as authored). */
+    config: p.json<Record<string, unknown>>().nullable(),
     autoDeploy: p.boolean(),
     deployActionId: p.uuid().nullable(),
     createdBy: p.text(),

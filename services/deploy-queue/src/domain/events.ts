@@ -5,6 +5,7 @@
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
 import type { Action } from "../entities/index.ts";
+import { recordHistory } from "./history.ts";
 import { queueStatus } from "./lifecycle.ts";
 
 export interface ActionUpdated {
@@ -26,6 +27,9 @@ export interface ActionUpdated {
   cancel_requested: boolean;
   admission_check_reason: string | null;
   updated_at: string;
+  image_tag: string | null;
+  /** The build a DEPLOY ships (running_build_id); null when unattributable. */
+  build_id: string | null;
 }
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : null);
@@ -49,9 +53,12 @@ export function actionUpdated(action: Action, now: Date): ActionUpdated {
     cancel_requested: action.cancelRequested,
     admission_check_reason: action.admissionCheckReason ?? null,
     updated_at: now.toISOString(),
+    image_tag: action.imageTag ?? null,
+    build_id: typeof action.payload?.build_id === "string" ? action.payload.build_id : null,
   };
 }
 
 export function announce(em: EntityManager, action: Action, now: Date): void {
+  recordHistory(em, action, now);
   enqueueEvent(em, subjects.events.actionUpdated, { ...actionUpdated(action, now) });
 }

@@ -5,7 +5,8 @@
  *   still queued or running; the build's own row tells the rest;
  * - `admission_refused`: queued, and the agent's last claim was refused (admission_check_reason);
  * - `never_claimed`: queued for more than 2 minutes and no agent has even tried to claim it;
- * - `in_progress`: claimed, and the agent has reported nothing for more than 10 minutes;
+ * - `in_progress`: claimed, and the agent has reported nothing for more than 2 minutes (a working
+ *   agent reports every 20 s); after ORPHANED_AFTER_MS the action is failed (orphans.ts);
  * - null otherwise (moving normally, or terminal).
  */
 import { isTerminal } from "./lifecycle.ts";
@@ -14,7 +15,7 @@ export const STUCK_CLASSES = ["never_claimed", "admission_refused", "in_progress
 export type StuckClass = (typeof STUCK_CLASSES)[number];
 
 export const NEVER_CLAIMED_AFTER_MS = 2 * 60_000;
-export const NO_PROGRESS_AFTER_MS = 10 * 60_000;
+export const NO_PROGRESS_AFTER_MS = 2 * 60_000;
 
 export interface StuckInput {
   status: string;

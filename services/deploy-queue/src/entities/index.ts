@@ -83,4 +83,28 @@ export const AgentSchema = defineEntity({
 export class Agent extends AgentSchema.class {}
 AgentSchema.setClass(Agent);
 
-export const entities = [ActionSchema, AgentSchema];
+/** A finished deployment (spec doc 1 section 2.4): immutable once written. */
+export const HistoryRecordSchema = defineEntity({
+  name: "HistoryRecord",
+  tableName: "deployment_history",
+  properties: {
+    id: p.uuid().primary(),
+    deploymentId: p.uuid().unique(),
+    actionType: p.text(),
+    groupSlug: p.text(),
+    appName: p.text(),
+    branch: p.text(),
+    imageTag: p.text().nullable(),
+    previousTag: p.text().nullable(),
+    status: p.text(),
+    durationSeconds: p.integer().nullable(),
+    envVarsSnapshot: p.json<Record<string, string>>(),
+    createdBy: p.text(),
+    startedAt: p.datetime().nullable(),
+    completedAt: p.datetime(),
+  },
+});
+export class HistoryRecord extends HistoryRecordSchema.class {}
+HistoryRecordSchema.setClass(HistoryRecord);
+
+export const entities = [ActionSchema, AgentSchema, HistoryRecordSchema];

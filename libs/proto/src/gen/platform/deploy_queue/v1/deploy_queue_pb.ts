@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file platform/deploy_queue/v1/deploy_queue.proto.
  */
 export const file_platform_deploy_queue_v1_deploy_queue: GenFile = /*@__PURE__*/
-  fileDesc("CitwbGF0Zm9ybS9kZXBsb3lfcXVldWUvdjEvZGVwbG95X3F1ZXVlLnByb3RvEhhwbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEipQcKBkFjdGlvbhIRCglhY3Rpb25faWQYASABKAkSEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEhMKC2FjdGlvbl90eXBlGAQgASgJEg4KBnN0YXR1cxgFIAEoCRIWCglpbWFnZV90YWcYBiABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgHIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYCCABKAlIAogBARIXCgpkZXBlbmRzX29uGAkgASgJSAOIAQESEwoLYXV0b19kZXBsb3kYCiABKAgSIwoWYWRtaXNzaW9uX2NoZWNrX3JlYXNvbhgLIAEoCUgEiAEBEiQKF2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0GAwgASgJSAWIAQESGAoLc3R1Y2tfY2xhc3MYDSABKAlIBogBARIXCg9kZXBsb3lfd2FybmluZ3MYDiADKAkSGQoMc2VydmljZV9uYW1lGA8gASgJSAeIAQESEwoGYWN0aW9uGBAgASgJSAiIAQESEgoKY3JlYXRlZF9hdBgRIAEoCRISCgp1cGRhdGVkX2F0GBIgASgJEhIKCmdyb3VwX3NsdWcYEyABKAkSEgoFcGhhc2UYFCABKAlICYgBARIaCg1lcnJvcl9tZXNzYWdlGBUgASgJSAqIAQESFwoKY2xhaW1lZF9ieRgWIAEoCUgLiAEBEhcKCmNsYWltZWRfYXQYFyABKAlIDIgBARIZCgxjb21wbGV0ZWRfYXQYGCABKAlIDYgBARIQCghwcmlvcml0eRgZIAEoBRIUCgxwYXlsb2FkX2pzb24YGiABKAkSEwoLcmVzdWx0X2pzb24YGyABKAkSFAoMcXVldWVfc3RhdHVzGBwgASgJEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYHSABKAhCDAoKX2ltYWdlX3RhZ0IRCg9fY29tbWl0X21lc3NhZ2VCEAoOX2NvbW1pdF9hdXRob3JCDQoLX2RlcGVuZHNfb25CGQoXX2FkbWlzc2lvbl9jaGVja19yZWFzb25CGgoYX2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0Qg4KDF9zdHVja19jbGFzc0IPCg1fc2VydmljZV9uYW1lQgkKB19hY3Rpb25CCAoGX3BoYXNlQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19jbGFpbWVkX2J5Qg0KC19jbGFpbWVkX2F0Qg8KDV9jb21wbGV0ZWRfYXQimwEKEExpc3RRdWV1ZVJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRILCgNhbGwYAyABKAgSFQoNZXhjbHVkZV90eXBlcxgEIAMoCRINCgVsaW1pdBgFIAEoBRIWCg5leHBsaWNpdF9ncm91cBgGIAEoCCJEChFMaXN0UXVldWVSZXNwb25zZRIvCgVpdGVtcxgBIAMoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24iUQoQR2V0QWN0aW9uUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCSKWAQoJRGlhZ25vc2lzEjAKBmFjdGlvbhgBIAEoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SEQoJbmFycmF0aXZlGAIgASgJEgwKBGhpbnQYAyABKAkSHwoSYmxvY2tpbmdfYWN0aW9uX2lkGAQgASgJSACIAQFCFQoTX2Jsb2NraW5nX2FjdGlvbl9pZCJPChFQcmlvcml0aXplUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEg4KBnRhcmdldBgCIAEoCSIoChJQcmlvcml0aXplUmVzcG9uc2USEgoKYWN0aW9uX2lkcxgBIAMoCSJ3ChFBZG1pdEZvcmNlUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkSEwoLdHRsX3NlY29uZHMYBCABKAUiUAoSQWRtaXRGb3JjZVJlc3BvbnNlEhEKCWFjdGlvbl9pZBgBIAEoCRISCgpleHBpcmVzX2F0GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgFImQKE0NhbmNlbEFjdGlvblJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIRCglhY3Rpb25faWQYAiABKAkSDgoGcmVhc29uGAMgASgJIqwBChRDYW5jZWxBY3Rpb25SZXNwb25zZRIRCglhY3Rpb25faWQYASABKAkSDgoGc3RhdHVzGAIgASgJEhEKCWNhbmNlbGxlZBgDIAEoCBIYChBjYW5jZWxfcmVxdWVzdGVkGAQgASgIEhQKDHF1ZXVlX3N0YXR1cxgFIAEoCRIcChRkZXBlbmRlbnRzX2NhbmNlbGxlZBgGIAMoCRIQCghhcHBfbmFtZRgHIAEoCSI4ChJDbGFpbUFjdGlvblJlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkifgoTQ2xhaW1BY3Rpb25SZXNwb25zZRIPCgdjbGFpbWVkGAEgASgIEhYKDnJlZnVzYWxfcmVhc29uGAIgASgJEgwKBGRyb3AYAyABKAgSMAoGYWN0aW9uGAQgASgLMiAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkFjdGlvbiJbChVSZXBvcnRQcm9ncmVzc1JlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkSDQoFcGhhc2UYAyABKAkSDwoHbWVzc2FnZRgEIAEoCSIyChZSZXBvcnRQcm9ncmVzc1Jlc3BvbnNlEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYASABKAgidwoVQ29tcGxldGVBY3Rpb25SZXF1ZXN0EhEKCWFjdGlvbl9pZBgBIAEoCRIPCgdob3N0X2lkGAIgASgJEg4KBnN0YXR1cxgDIAEoCRIVCg1lcnJvcl9tZXNzYWdlGAQgASgJEhMKC3Jlc3VsdF9qc29uGAUgASgJIhgKFkNvbXBsZXRlQWN0aW9uUmVzcG9uc2UyqQgKEkRlcGxveVF1ZXVlU2VydmljZRJYCglSZWFkaW5lc3MSJC5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVxdWVzdBolLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXNwb25zZRJkCglMaXN0UXVldWUSKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuTGlzdFF1ZXVlUmVxdWVzdBorLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5MaXN0UXVldWVSZXNwb25zZRJZCglHZXRBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBogLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SYQoORGlhZ25vc2VBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBojLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EaWFnbm9zaXMSZwoKUHJpb3JpdGl6ZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVzcG9uc2USZwoKQWRtaXRGb3JjZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVzcG9uc2USbQoMQ2FuY2VsQWN0aW9uEi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNhbmNlbEFjdGlvblJlcXVlc3QaLi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2FuY2VsQWN0aW9uUmVzcG9uc2USagoLQ2xhaW1BY3Rpb24SLC5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2xhaW1BY3Rpb25SZXF1ZXN0Gi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNsYWltQWN0aW9uUmVzcG9uc2UScwoOUmVwb3J0UHJvZ3Jlc3MSLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuUmVwb3J0UHJvZ3Jlc3NSZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLlJlcG9ydFByb2dyZXNzUmVzcG9uc2UScwoOQ29tcGxldGVBY3Rpb24SLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ29tcGxldGVBY3Rpb25SZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNvbXBsZXRlQWN0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_platform_common_v1_common]);
+  fileDesc("CitwbGF0Zm9ybS9kZXBsb3lfcXVldWUvdjEvZGVwbG95X3F1ZXVlLnByb3RvEhhwbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEipQcKBkFjdGlvbhIRCglhY3Rpb25faWQYASABKAkSEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJEhMKC2FjdGlvbl90eXBlGAQgASgJEg4KBnN0YXR1cxgFIAEoCRIWCglpbWFnZV90YWcYBiABKAlIAIgBARIbCg5jb21taXRfbWVzc2FnZRgHIAEoCUgBiAEBEhoKDWNvbW1pdF9hdXRob3IYCCABKAlIAogBARIXCgpkZXBlbmRzX29uGAkgASgJSAOIAQESEwoLYXV0b19kZXBsb3kYCiABKAgSIwoWYWRtaXNzaW9uX2NoZWNrX3JlYXNvbhgLIAEoCUgEiAEBEiQKF2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0GAwgASgJSAWIAQESGAoLc3R1Y2tfY2xhc3MYDSABKAlIBogBARIXCg9kZXBsb3lfd2FybmluZ3MYDiADKAkSGQoMc2VydmljZV9uYW1lGA8gASgJSAeIAQESEwoGYWN0aW9uGBAgASgJSAiIAQESEgoKY3JlYXRlZF9hdBgRIAEoCRISCgp1cGRhdGVkX2F0GBIgASgJEhIKCmdyb3VwX3NsdWcYEyABKAkSEgoFcGhhc2UYFCABKAlICYgBARIaCg1lcnJvcl9tZXNzYWdlGBUgASgJSAqIAQESFwoKY2xhaW1lZF9ieRgWIAEoCUgLiAEBEhcKCmNsYWltZWRfYXQYFyABKAlIDIgBARIZCgxjb21wbGV0ZWRfYXQYGCABKAlIDYgBARIQCghwcmlvcml0eRgZIAEoBRIUCgxwYXlsb2FkX2pzb24YGiABKAkSEwoLcmVzdWx0X2pzb24YGyABKAkSFAoMcXVldWVfc3RhdHVzGBwgASgJEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYHSABKAhCDAoKX2ltYWdlX3RhZ0IRCg9fY29tbWl0X21lc3NhZ2VCEAoOX2NvbW1pdF9hdXRob3JCDQoLX2RlcGVuZHNfb25CGQoXX2FkbWlzc2lvbl9jaGVja19yZWFzb25CGgoYX2xhc3RfYWRtaXNzaW9uX2NoZWNrX2F0Qg4KDF9zdHVja19jbGFzc0IPCg1fc2VydmljZV9uYW1lQgkKB19hY3Rpb25CCAoGX3BoYXNlQhAKDl9lcnJvcl9tZXNzYWdlQg0KC19jbGFpbWVkX2J5Qg0KC19jbGFpbWVkX2F0Qg8KDV9jb21wbGV0ZWRfYXQimwEKEExpc3RRdWV1ZVJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRILCgNhbGwYAyABKAgSFQoNZXhjbHVkZV90eXBlcxgEIAMoCRINCgVsaW1pdBgFIAEoBRIWCg5leHBsaWNpdF9ncm91cBgGIAEoCCJEChFMaXN0UXVldWVSZXNwb25zZRIvCgVpdGVtcxgBIAMoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24iUQoQR2V0QWN0aW9uUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCSKWAQoJRGlhZ25vc2lzEjAKBmFjdGlvbhgBIAEoCzIgLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SEQoJbmFycmF0aXZlGAIgASgJEgwKBGhpbnQYAyABKAkSHwoSYmxvY2tpbmdfYWN0aW9uX2lkGAQgASgJSACIAQFCFQoTX2Jsb2NraW5nX2FjdGlvbl9pZCJPChFQcmlvcml0aXplUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEg4KBnRhcmdldBgCIAEoCSIoChJQcmlvcml0aXplUmVzcG9uc2USEgoKYWN0aW9uX2lkcxgBIAMoCSJ3ChFBZG1pdEZvcmNlUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhEKCWFjdGlvbl9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkSEwoLdHRsX3NlY29uZHMYBCABKAUiUAoSQWRtaXRGb3JjZVJlc3BvbnNlEhEKCWFjdGlvbl9pZBgBIAEoCRISCgpleHBpcmVzX2F0GAIgASgJEhMKC3R0bF9zZWNvbmRzGAMgASgFImQKE0NhbmNlbEFjdGlvblJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIRCglhY3Rpb25faWQYAiABKAkSDgoGcmVhc29uGAMgASgJIqwBChRDYW5jZWxBY3Rpb25SZXNwb25zZRIRCglhY3Rpb25faWQYASABKAkSDgoGc3RhdHVzGAIgASgJEhEKCWNhbmNlbGxlZBgDIAEoCBIYChBjYW5jZWxfcmVxdWVzdGVkGAQgASgIEhQKDHF1ZXVlX3N0YXR1cxgFIAEoCRIcChRkZXBlbmRlbnRzX2NhbmNlbGxlZBgGIAMoCRIQCghhcHBfbmFtZRgHIAEoCSI4ChJDbGFpbUFjdGlvblJlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkifgoTQ2xhaW1BY3Rpb25SZXNwb25zZRIPCgdjbGFpbWVkGAEgASgIEhYKDnJlZnVzYWxfcmVhc29uGAIgASgJEgwKBGRyb3AYAyABKAgSMAoGYWN0aW9uGAQgASgLMiAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkFjdGlvbiJbChVSZXBvcnRQcm9ncmVzc1JlcXVlc3QSEQoJYWN0aW9uX2lkGAEgASgJEg8KB2hvc3RfaWQYAiABKAkSDQoFcGhhc2UYAyABKAkSDwoHbWVzc2FnZRgEIAEoCSIyChZSZXBvcnRQcm9ncmVzc1Jlc3BvbnNlEhgKEGNhbmNlbF9yZXF1ZXN0ZWQYASABKAgidwoVQ29tcGxldGVBY3Rpb25SZXF1ZXN0EhEKCWFjdGlvbl9pZBgBIAEoCRIPCgdob3N0X2lkGAIgASgJEg4KBnN0YXR1cxgDIAEoCRIVCg1lcnJvcl9tZXNzYWdlGAQgASgJEhMKC3Jlc3VsdF9qc29uGAUgASgJIhgKFkNvbXBsZXRlQWN0aW9uUmVzcG9uc2Ui7QEKFlF1ZXVlRGVwbG95bWVudFJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkSEQoJaW1hZ2VfdGFnGAQgASgJEhUKDXNlcnZpY2VzX2pzb24YBSABKAkSGwoTcGxhY2VtZW50X3BsYW5fanNvbhgGIAEoCRIWCg5za2lwX3ByZWZsaWdodBgHIAEoCBIWCg5leHBsaWNpdF9ncm91cBgIIAEoCBIOCgZyZWFzb24YCSABKAkiiAEKF1F1ZXVlRGVwbG95bWVudFJlc3BvbnNlEhUKDWRlcGxveW1lbnRfaWQYASABKAkSEQoJYWN0aW9uX2lkGAIgASgJEg4KBnN0YXR1cxgDIAEoCRIRCglpbWFnZV90YWcYBCABKAkSEAoIYXBwX25hbWUYBSABKAkSDgoGYnJhbmNoGAYgASgJIpoECgpEZXBsb3ltZW50EgoKAmlkGAEgASgJEhUKDWRlcGxveW1lbnRfaWQYAiABKAkSEAoIYXBwX25hbWUYAyABKAkSDgoGYnJhbmNoGAQgASgJEhYKCWltYWdlX3RhZxgFIAEoCUgAiAEBEg4KBnN0YXR1cxgGIAEoCRISCgVwaGFzZRgHIAEoCUgBiAEBEhkKDHByZXZpb3VzX3RhZxgIIAEoCUgCiAEBEhIKCmNyZWF0ZWRfYnkYCSABKAkSEgoKY3JlYXRlZF9hdBgKIAEoCRISCgp1cGRhdGVkX2F0GAsgASgJEhkKDGNvbXBsZXRlZF9hdBgMIAEoCUgDiAEBEhsKE3BsYWNlbWVudF9wbGFuX2pzb24YDSABKAkSHAoUaW5zdGFuY2Vfc3RhdHVzX2pzb24YDiABKAkSHAoPbGVhZGVyX2luc3RhbmNlGA8gASgJSASIAQESGwoTaW5mcmFzdHJ1Y3R1cmVfanNvbhgQIAEoCRITCgthY3Rpb25fdHlwZRgRIAEoCRIaCg1lcnJvcl9tZXNzYWdlGBIgASgJSAWIAQESEgoKZ3JvdXBfc2x1ZxgTIAEoCUIMCgpfaW1hZ2VfdGFnQggKBl9waGFzZUIPCg1fcHJldmlvdXNfdGFnQg8KDV9jb21wbGV0ZWRfYXRCEgoQX2xlYWRlcl9pbnN0YW5jZUIQCg5fZXJyb3JfbWVzc2FnZSKNAQoWTGlzdERlcGxveW1lbnRzUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg0KBWxpbWl0GAMgASgFEg4KBm9mZnNldBgEIAEoBRIWCg5leHBsaWNpdF9ncm91cBgFIAEoCCJdChdMaXN0RGVwbG95bWVudHNSZXNwb25zZRIzCgVpdGVtcxgBIAMoCzIkLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EZXBsb3ltZW50Eg0KBXRvdGFsGAIgASgFIlkKFEdldERlcGxveW1lbnRSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISFQoNZGVwbG95bWVudF9pZBgCIAEoCSIvCg9EZXBsb3ltZW50UGhhc2USDAoEbmFtZRgBIAEoCRIOCgZvdXRwdXQYAiABKAkizQEKDkRlcGxveW1lbnRMb2dzEhUKDWRlcGxveW1lbnRfaWQYASABKAkSEAoIYXBwX25hbWUYAiABKAkSDgoGc3RhdHVzGAMgASgJEjkKBnBoYXNlcxgEIAMoCzIpLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EZXBsb3ltZW50UGhhc2USGgoNZXJyb3JfbWVzc2FnZRgFIAEoCUgAiAEBEhkKEWNyYXNoX291dHB1dF9qc29uGAYgASgJQhAKDl9lcnJvcl9tZXNzYWdlIvICCg1IaXN0b3J5UmVjb3JkEgoKAmlkGAEgASgJEhUKDWRlcGxveW1lbnRfaWQYAiABKAkSEAoIYXBwX25hbWUYAyABKAkSDgoGYnJhbmNoGAQgASgJEhYKCWltYWdlX3RhZxgFIAEoCUgAiAEBEhkKDHByZXZpb3VzX3RhZxgGIAEoCUgBiAEBEg4KBnN0YXR1cxgHIAEoCRIdChBkdXJhdGlvbl9zZWNvbmRzGAggASgFSAKIAQESHgoWZW52X3ZhcnNfc25hcHNob3RfanNvbhgJIAEoCRISCgpjcmVhdGVkX2J5GAogASgJEhcKCnN0YXJ0ZWRfYXQYCyABKAlIA4gBARIZCgxjb21wbGV0ZWRfYXQYDCABKAlIBIgBAUIMCgpfaW1hZ2VfdGFnQg8KDV9wcmV2aW91c190YWdCEwoRX2R1cmF0aW9uX3NlY29uZHNCDQoLX3N0YXJ0ZWRfYXRCDwoNX2NvbXBsZXRlZF9hdCJcChNMaXN0SGlzdG9yeVJlc3BvbnNlEjYKBWl0ZW1zGAEgAygLMicucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkhpc3RvcnlSZWNvcmQSDQoFdG90YWwYAiABKAUiwwEKFVF1ZXVlQXBwQWN0aW9uUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEhAKCGFwcF9uYW1lGAIgASgJEg4KBmJyYW5jaBgDIAEoCRITCgthY3Rpb25fdHlwZRgEIAEoCRINCgVwdXJnZRgFIAEoCBIQCghzZXJ2aWNlcxgGIAMoCRIOCgZhY3Rpb24YByABKAkSFgoOZXhwbGljaXRfZ3JvdXAYCCABKAgirgEKFlF1ZXVlQXBwQWN0aW9uUmVzcG9uc2USEgoKYWN0aW9uX2lkcxgBIAMoCRIQCghhcHBfbmFtZRgCIAEoCRIOCgZicmFuY2gYAyABKAkSDgoGc3RhdHVzGAQgASgJEhYKCWltYWdlX3RhZxgFIAEoCUgAiAEBEhAKCHNlcnZpY2VzGAYgAygJEhYKDnNraXBwZWRfc3RhdGljGAcgAygJQgwKCl9pbWFnZV90YWciaAoYR2V0U2VydmljZXNTdGF0dXNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISEAoIYXBwX25hbWUYAiABKAkSDgoGYnJhbmNoGAMgASgJIpgBCg5TZXJ2aWNlUnVudGltZRIdChByZXBsaWNhc19ydW5uaW5nGAEgASgFSACIAQESHQoQaG9zdHNfdW52ZXJpZmllZBgCIAEoBUgBiAEBEhMKBnJlYXNvbhgDIAEoCUgCiAEBQhMKEV9yZXBsaWNhc19ydW5uaW5nQhMKEV9ob3N0c191bnZlcmlmaWVkQgkKB19yZWFzb24ijgIKDVNlcnZpY2VTdGF0dXMSDAoEbmFtZRgBIAEoCRIOCgZzdGF0dXMYAiABKAkSOQoHcnVudGltZRgDIAEoCzIoLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5TZXJ2aWNlUnVudGltZRIQCgN1cmwYBCABKAlIAIgBARIQCghyZXBsaWNhcxgFIAEoBRISCgpiYWNrZ3JvdW5kGAYgASgIEhgKC2h0dHBfY2xpZW50GAcgASgJSAGIAQESIQoUY2FwYWJpbGl0eV9wcm9iZWRfYXQYCCABKAlIAogBAUIGCgRfdXJsQg4KDF9odHRwX2NsaWVudEIXChVfY2FwYWJpbGl0eV9wcm9iZWRfYXQibQoOU2VydmljZXNTdGF0dXMSEAoIYXBwX25hbWUYASABKAkSDgoGYnJhbmNoGAIgASgJEjkKCHNlcnZpY2VzGAMgAygLMicucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLlNlcnZpY2VTdGF0dXMyxw4KEkRlcGxveVF1ZXVlU2VydmljZRJYCglSZWFkaW5lc3MSJC5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVxdWVzdBolLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXNwb25zZRJkCglMaXN0UXVldWUSKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuTGlzdFF1ZXVlUmVxdWVzdBorLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5MaXN0UXVldWVSZXNwb25zZRJZCglHZXRBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBogLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BY3Rpb24SYQoORGlhZ25vc2VBY3Rpb24SKi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuR2V0QWN0aW9uUmVxdWVzdBojLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EaWFnbm9zaXMSZwoKUHJpb3JpdGl6ZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5Qcmlvcml0aXplUmVzcG9uc2USZwoKQWRtaXRGb3JjZRIrLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVxdWVzdBosLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5BZG1pdEZvcmNlUmVzcG9uc2USbQoMQ2FuY2VsQWN0aW9uEi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNhbmNlbEFjdGlvblJlcXVlc3QaLi5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2FuY2VsQWN0aW9uUmVzcG9uc2USdgoPUXVldWVEZXBsb3ltZW50EjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLlF1ZXVlRGVwbG95bWVudFJlcXVlc3QaMS5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuUXVldWVEZXBsb3ltZW50UmVzcG9uc2USdgoPTGlzdERlcGxveW1lbnRzEjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkxpc3REZXBsb3ltZW50c1JlcXVlc3QaMS5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuTGlzdERlcGxveW1lbnRzUmVzcG9uc2USZQoNR2V0RGVwbG95bWVudBIuLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5HZXREZXBsb3ltZW50UmVxdWVzdBokLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5EZXBsb3ltZW50Em0KEUdldERlcGxveW1lbnRMb2dzEi4ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkdldERlcGxveW1lbnRSZXF1ZXN0GigucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkRlcGxveW1lbnRMb2dzEm4KC0xpc3RIaXN0b3J5EjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkxpc3REZXBsb3ltZW50c1JlcXVlc3QaLS5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuTGlzdEhpc3RvcnlSZXNwb25zZRJzCg5RdWV1ZUFwcEFjdGlvbhIvLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5RdWV1ZUFwcEFjdGlvblJlcXVlc3QaMC5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuUXVldWVBcHBBY3Rpb25SZXNwb25zZRJxChFHZXRTZXJ2aWNlc1N0YXR1cxIyLnBsYXRmb3JtLmRlcGxveV9xdWV1ZS52MS5HZXRTZXJ2aWNlc1N0YXR1c1JlcXVlc3QaKC5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuU2VydmljZXNTdGF0dXMSagoLQ2xhaW1BY3Rpb24SLC5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ2xhaW1BY3Rpb25SZXF1ZXN0Gi0ucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNsYWltQWN0aW9uUmVzcG9uc2UScwoOUmVwb3J0UHJvZ3Jlc3MSLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuUmVwb3J0UHJvZ3Jlc3NSZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLlJlcG9ydFByb2dyZXNzUmVzcG9uc2UScwoOQ29tcGxldGVBY3Rpb24SLy5wbGF0Zm9ybS5kZXBsb3lfcXVldWUudjEuQ29tcGxldGVBY3Rpb25SZXF1ZXN0GjAucGxhdGZvcm0uZGVwbG95X3F1ZXVlLnYxLkNvbXBsZXRlQWN0aW9uUmVzcG9uc2ViBnByb3RvMw", [file_platform_common_v1_common]);
 
 /**
  * Action is a queue row (doc 1 section 2.5) plus what operators and agents need.
@@ -642,6 +642,707 @@ export const CompleteActionResponseSchema: GenMessage<CompleteActionResponse> = 
   messageDesc(file_platform_deploy_queue_v1_deploy_queue, 16);
 
 /**
+ * @generated from message platform.deploy_queue.v1.QueueDeploymentRequest
+ */
+export type QueueDeploymentRequest = Message<"platform.deploy_queue.v1.QueueDeploymentRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * Empty: the production branch.
+   *
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * Empty: the latest successful build.
+   *
+   * @generated from field: string image_tag = 4;
+   */
+  imageTag: string;
+
+  /**
+   * Services to deploy (empty: all); JSON array as sent.
+   *
+   * @generated from field: string services_json = 5;
+   */
+  servicesJson: string;
+
+  /**
+   * Operator placement plan, JSON object as sent (empty: none).
+   *
+   * @generated from field: string placement_plan_json = 6;
+   */
+  placementPlanJson: string;
+
+  /**
+   * @generated from field: bool skip_preflight = 7;
+   */
+  skipPreflight: boolean;
+
+  /**
+   * The caller sees every group and named none (409 when the app exists in several).
+   *
+   * @generated from field: bool explicit_group = 8;
+   */
+  explicitGroup: boolean;
+
+  /**
+   * `api` (POST /api/deployments), `redeploy` or `scale`.
+   *
+   * @generated from field: string reason = 9;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.QueueDeploymentRequest.
+ * Use `create(QueueDeploymentRequestSchema)` to create a new message.
+ */
+export const QueueDeploymentRequestSchema: GenMessage<QueueDeploymentRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 17);
+
+/**
+ * @generated from message platform.deploy_queue.v1.QueueDeploymentResponse
+ */
+export type QueueDeploymentResponse = Message<"platform.deploy_queue.v1.QueueDeploymentResponse"> & {
+  /**
+   * @generated from field: string deployment_id = 1;
+   */
+  deploymentId: string;
+
+  /**
+   * @generated from field: string action_id = 2;
+   */
+  actionId: string;
+
+  /**
+   * @generated from field: string status = 3;
+   */
+  status: string;
+
+  /**
+   * @generated from field: string image_tag = 4;
+   */
+  imageTag: string;
+
+  /**
+   * @generated from field: string app_name = 5;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 6;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.QueueDeploymentResponse.
+ * Use `create(QueueDeploymentResponseSchema)` to create a new message.
+ */
+export const QueueDeploymentResponseSchema: GenMessage<QueueDeploymentResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 18);
+
+/**
+ * @generated from message platform.deploy_queue.v1.Deployment
+ */
+export type Deployment = Message<"platform.deploy_queue.v1.Deployment"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string deployment_id = 2;
+   */
+  deploymentId: string;
+
+  /**
+   * @generated from field: string app_name = 3;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 4;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: optional string image_tag = 5;
+   */
+  imageTag?: string | undefined;
+
+  /**
+   * @generated from field: string status = 6;
+   */
+  status: string;
+
+  /**
+   * @generated from field: optional string phase = 7;
+   */
+  phase?: string | undefined;
+
+  /**
+   * @generated from field: optional string previous_tag = 8;
+   */
+  previousTag?: string | undefined;
+
+  /**
+   * @generated from field: string created_by = 9;
+   */
+  createdBy: string;
+
+  /**
+   * @generated from field: string created_at = 10;
+   */
+  createdAt: string;
+
+  /**
+   * @generated from field: string updated_at = 11;
+   */
+  updatedAt: string;
+
+  /**
+   * @generated from field: optional string completed_at = 12;
+   */
+  completedAt?: string | undefined;
+
+  /**
+   * Operator-only: JSON, empty for tenants.
+   *
+   * @generated from field: string placement_plan_json = 13;
+   */
+  placementPlanJson: string;
+
+  /**
+   * @generated from field: string instance_status_json = 14;
+   */
+  instanceStatusJson: string;
+
+  /**
+   * @generated from field: optional string leader_instance = 15;
+   */
+  leaderInstance?: string | undefined;
+
+  /**
+   * @generated from field: string infrastructure_json = 16;
+   */
+  infrastructureJson: string;
+
+  /**
+   * @generated from field: string action_type = 17;
+   */
+  actionType: string;
+
+  /**
+   * @generated from field: optional string error_message = 18;
+   */
+  errorMessage?: string | undefined;
+
+  /**
+   * @generated from field: string group_slug = 19;
+   */
+  groupSlug: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.Deployment.
+ * Use `create(DeploymentSchema)` to create a new message.
+ */
+export const DeploymentSchema: GenMessage<Deployment> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 19);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ListDeploymentsRequest
+ */
+export type ListDeploymentsRequest = Message<"platform.deploy_queue.v1.ListDeploymentsRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: int32 limit = 3;
+   */
+  limit: number;
+
+  /**
+   * @generated from field: int32 offset = 4;
+   */
+  offset: number;
+
+  /**
+   * @generated from field: bool explicit_group = 5;
+   */
+  explicitGroup: boolean;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ListDeploymentsRequest.
+ * Use `create(ListDeploymentsRequestSchema)` to create a new message.
+ */
+export const ListDeploymentsRequestSchema: GenMessage<ListDeploymentsRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 20);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ListDeploymentsResponse
+ */
+export type ListDeploymentsResponse = Message<"platform.deploy_queue.v1.ListDeploymentsResponse"> & {
+  /**
+   * @generated from field: repeated platform.deploy_queue.v1.Deployment items = 1;
+   */
+  items: Deployment[];
+
+  /**
+   * @generated from field: int32 total = 2;
+   */
+  total: number;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ListDeploymentsResponse.
+ * Use `create(ListDeploymentsResponseSchema)` to create a new message.
+ */
+export const ListDeploymentsResponseSchema: GenMessage<ListDeploymentsResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 21);
+
+/**
+ * @generated from message platform.deploy_queue.v1.GetDeploymentRequest
+ */
+export type GetDeploymentRequest = Message<"platform.deploy_queue.v1.GetDeploymentRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string deployment_id = 2;
+   */
+  deploymentId: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.GetDeploymentRequest.
+ * Use `create(GetDeploymentRequestSchema)` to create a new message.
+ */
+export const GetDeploymentRequestSchema: GenMessage<GetDeploymentRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 22);
+
+/**
+ * @generated from message platform.deploy_queue.v1.DeploymentPhase
+ */
+export type DeploymentPhase = Message<"platform.deploy_queue.v1.DeploymentPhase"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string output = 2;
+   */
+  output: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.DeploymentPhase.
+ * Use `create(DeploymentPhaseSchema)` to create a new message.
+ */
+export const DeploymentPhaseSchema: GenMessage<DeploymentPhase> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 23);
+
+/**
+ * @generated from message platform.deploy_queue.v1.DeploymentLogs
+ */
+export type DeploymentLogs = Message<"platform.deploy_queue.v1.DeploymentLogs"> & {
+  /**
+   * @generated from field: string deployment_id = 1;
+   */
+  deploymentId: string;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string status = 3;
+   */
+  status: string;
+
+  /**
+   * @generated from field: repeated platform.deploy_queue.v1.DeploymentPhase phases = 4;
+   */
+  phases: DeploymentPhase[];
+
+  /**
+   * @generated from field: optional string error_message = 5;
+   */
+  errorMessage?: string | undefined;
+
+  /**
+   * service -> last lines captured during the health check, JSON.
+   *
+   * @generated from field: string crash_output_json = 6;
+   */
+  crashOutputJson: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.DeploymentLogs.
+ * Use `create(DeploymentLogsSchema)` to create a new message.
+ */
+export const DeploymentLogsSchema: GenMessage<DeploymentLogs> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 24);
+
+/**
+ * @generated from message platform.deploy_queue.v1.HistoryRecord
+ */
+export type HistoryRecord = Message<"platform.deploy_queue.v1.HistoryRecord"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string deployment_id = 2;
+   */
+  deploymentId: string;
+
+  /**
+   * @generated from field: string app_name = 3;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 4;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: optional string image_tag = 5;
+   */
+  imageTag?: string | undefined;
+
+  /**
+   * @generated from field: optional string previous_tag = 6;
+   */
+  previousTag?: string | undefined;
+
+  /**
+   * @generated from field: string status = 7;
+   */
+  status: string;
+
+  /**
+   * @generated from field: optional int32 duration_seconds = 8;
+   */
+  durationSeconds?: number | undefined;
+
+  /**
+   * JSON object.
+   *
+   * @generated from field: string env_vars_snapshot_json = 9;
+   */
+  envVarsSnapshotJson: string;
+
+  /**
+   * @generated from field: string created_by = 10;
+   */
+  createdBy: string;
+
+  /**
+   * @generated from field: optional string started_at = 11;
+   */
+  startedAt?: string | undefined;
+
+  /**
+   * @generated from field: optional string completed_at = 12;
+   */
+  completedAt?: string | undefined;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.HistoryRecord.
+ * Use `create(HistoryRecordSchema)` to create a new message.
+ */
+export const HistoryRecordSchema: GenMessage<HistoryRecord> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 25);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ListHistoryResponse
+ */
+export type ListHistoryResponse = Message<"platform.deploy_queue.v1.ListHistoryResponse"> & {
+  /**
+   * @generated from field: repeated platform.deploy_queue.v1.HistoryRecord items = 1;
+   */
+  items: HistoryRecord[];
+
+  /**
+   * @generated from field: int32 total = 2;
+   */
+  total: number;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ListHistoryResponse.
+ * Use `create(ListHistoryResponseSchema)` to create a new message.
+ */
+export const ListHistoryResponseSchema: GenMessage<ListHistoryResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 26);
+
+/**
+ * @generated from message platform.deploy_queue.v1.QueueAppActionRequest
+ */
+export type QueueAppActionRequest = Message<"platform.deploy_queue.v1.QueueAppActionRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * UNDEPLOY, RETRY, RECONCILE_ROUTING or SERVICE_ACTION.
+   *
+   * @generated from field: string action_type = 4;
+   */
+  actionType: string;
+
+  /**
+   * @generated from field: bool purge = 5;
+   */
+  purge: boolean;
+
+  /**
+   * SERVICE_ACTION: the services and the action (restart, stop, start).
+   *
+   * @generated from field: repeated string services = 6;
+   */
+  services: string[];
+
+  /**
+   * @generated from field: string action = 7;
+   */
+  action: string;
+
+  /**
+   * @generated from field: bool explicit_group = 8;
+   */
+  explicitGroup: boolean;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.QueueAppActionRequest.
+ * Use `create(QueueAppActionRequestSchema)` to create a new message.
+ */
+export const QueueAppActionRequestSchema: GenMessage<QueueAppActionRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 27);
+
+/**
+ * @generated from message platform.deploy_queue.v1.QueueAppActionResponse
+ */
+export type QueueAppActionResponse = Message<"platform.deploy_queue.v1.QueueAppActionResponse"> & {
+  /**
+   * @generated from field: repeated string action_ids = 1;
+   */
+  actionIds: string[];
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: string status = 4;
+   */
+  status: string;
+
+  /**
+   * @generated from field: optional string image_tag = 5;
+   */
+  imageTag?: string | undefined;
+
+  /**
+   * @generated from field: repeated string services = 6;
+   */
+  services: string[];
+
+  /**
+   * @generated from field: repeated string skipped_static = 7;
+   */
+  skippedStatic: string[];
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.QueueAppActionResponse.
+ * Use `create(QueueAppActionResponseSchema)` to create a new message.
+ */
+export const QueueAppActionResponseSchema: GenMessage<QueueAppActionResponse> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 28);
+
+/**
+ * @generated from message platform.deploy_queue.v1.GetServicesStatusRequest
+ */
+export type GetServicesStatusRequest = Message<"platform.deploy_queue.v1.GetServicesStatusRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string app_name = 2;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 3;
+   */
+  branch: string;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.GetServicesStatusRequest.
+ * Use `create(GetServicesStatusRequestSchema)` to create a new message.
+ */
+export const GetServicesStatusRequestSchema: GenMessage<GetServicesStatusRequest> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 29);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ServiceRuntime
+ */
+export type ServiceRuntime = Message<"platform.deploy_queue.v1.ServiceRuntime"> & {
+  /**
+   * @generated from field: optional int32 replicas_running = 1;
+   */
+  replicasRunning?: number | undefined;
+
+  /**
+   * @generated from field: optional int32 hosts_unverified = 2;
+   */
+  hostsUnverified?: number | undefined;
+
+  /**
+   * @generated from field: optional string reason = 3;
+   */
+  reason?: string | undefined;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ServiceRuntime.
+ * Use `create(ServiceRuntimeSchema)` to create a new message.
+ */
+export const ServiceRuntimeSchema: GenMessage<ServiceRuntime> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 30);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ServiceStatus
+ */
+export type ServiceStatus = Message<"platform.deploy_queue.v1.ServiceStatus"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * running, not_running, unknown, edge.
+   *
+   * @generated from field: string status = 2;
+   */
+  status: string;
+
+  /**
+   * @generated from field: platform.deploy_queue.v1.ServiceRuntime runtime = 3;
+   */
+  runtime?: ServiceRuntime | undefined;
+
+  /**
+   * @generated from field: optional string url = 4;
+   */
+  url?: string | undefined;
+
+  /**
+   * @generated from field: int32 replicas = 5;
+   */
+  replicas: number;
+
+  /**
+   * @generated from field: bool background = 6;
+   */
+  background: boolean;
+
+  /**
+   * @generated from field: optional string http_client = 7;
+   */
+  httpClient?: string | undefined;
+
+  /**
+   * @generated from field: optional string capability_probed_at = 8;
+   */
+  capabilityProbedAt?: string | undefined;
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ServiceStatus.
+ * Use `create(ServiceStatusSchema)` to create a new message.
+ */
+export const ServiceStatusSchema: GenMessage<ServiceStatus> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 31);
+
+/**
+ * @generated from message platform.deploy_queue.v1.ServicesStatus
+ */
+export type ServicesStatus = Message<"platform.deploy_queue.v1.ServicesStatus"> & {
+  /**
+   * @generated from field: string app_name = 1;
+   */
+  appName: string;
+
+  /**
+   * @generated from field: string branch = 2;
+   */
+  branch: string;
+
+  /**
+   * @generated from field: repeated platform.deploy_queue.v1.ServiceStatus services = 3;
+   */
+  services: ServiceStatus[];
+};
+
+/**
+ * Describes the message platform.deploy_queue.v1.ServicesStatus.
+ * Use `create(ServicesStatusSchema)` to create a new message.
+ */
+export const ServicesStatusSchema: GenMessage<ServicesStatus> = /*@__PURE__*/
+  messageDesc(file_platform_deploy_queue_v1_deploy_queue, 32);
+
+/**
  * DeployQueueService owns the queue (the authority on work state), and later deployments,
  * history, agents, placement and admission gates. Actions are created from events (a build
  * requested by apps-builds) and dispatched on JetStream to agents, which claim, report and
@@ -707,6 +1408,69 @@ export const DeployQueueService: GenService<{
     methodKind: "unary";
     input: typeof CancelActionRequestSchema;
     output: typeof CancelActionResponseSchema;
+  },
+  /**
+   * Deployments (doc 1 sections 2.4, 3.2, 4.5): DEPLOY, RETRY and UNDEPLOY actions seen as
+   * deployments, and the immutable history written when one finishes.
+   *
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.QueueDeployment
+   */
+  queueDeployment: {
+    methodKind: "unary";
+    input: typeof QueueDeploymentRequestSchema;
+    output: typeof QueueDeploymentResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.ListDeployments
+   */
+  listDeployments: {
+    methodKind: "unary";
+    input: typeof ListDeploymentsRequestSchema;
+    output: typeof ListDeploymentsResponseSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.GetDeployment
+   */
+  getDeployment: {
+    methodKind: "unary";
+    input: typeof GetDeploymentRequestSchema;
+    output: typeof DeploymentSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.GetDeploymentLogs
+   */
+  getDeploymentLogs: {
+    methodKind: "unary";
+    input: typeof GetDeploymentRequestSchema;
+    output: typeof DeploymentLogsSchema;
+  },
+  /**
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.ListHistory
+   */
+  listHistory: {
+    methodKind: "unary";
+    input: typeof ListDeploymentsRequestSchema;
+    output: typeof ListHistoryResponseSchema;
+  },
+  /**
+   * Undeploy, retry, reconcile and service actions: one queued action each.
+   *
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.QueueAppAction
+   */
+  queueAppAction: {
+    methodKind: "unary";
+    input: typeof QueueAppActionRequestSchema;
+    output: typeof QueueAppActionResponseSchema;
+  },
+  /**
+   * Per-service runtime status from the agents' inventories (doc 2 section 4.10).
+   *
+   * @generated from rpc platform.deploy_queue.v1.DeployQueueService.GetServicesStatus
+   */
+  getServicesStatus: {
+    methodKind: "unary";
+    input: typeof GetServicesStatusRequestSchema;
+    output: typeof ServicesStatusSchema;
   },
   /**
    * The agent's side of the deploy lane.

@@ -1,0 +1,476 @@
+/**
+ * DEPLOY, RETRY, UNDEPLOY, SERVICE_ACTION and RECONCILE_ROUTING on the agent (deployments issue,
+ * ARCHITECTURE section 5). A deploy is blue/green:
+ *
+ *   setup         resolve the release (config, variables, front doors), unpack the image
+ *   start         start every replica of the new colour beside the serving one, each on a free port
+ *   health_check  each HTTP service answers its health path; a replica that dies here fails the
+ *                 deploy with its last 30 lines of output (crash output)
+ *   ready         checks passed
+ *   swap_committed  reported to the queue first (from then on cancel is refused), then the route
+ *                 flips to the new colour in one router call: the point of no return
+ *   drain         the old colour is let go, given time to finish its requests, then stopped
+ *
+ * Cancel is honoured between phases before the swap: the new colour is stopped and removed, the
+ * old one never stopped serving. Each step is written to the host state first, so an agent that
+ * restarts mid-deploy finishes (swap committed) or cleans up (not committed) from that record.
+ */
+import { spawn } from "node:child_process";
+import { mkdir, rename, rm, stat } from "node:fs/promises";
+import http from "node:http";
+import net from "node:net";
+import path from "node:path";
+import { checkAppConfig, normalizeAppConfig, type NormalizedServiceConfig } from "@platform/app-config";
+import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState, type InflightDeploy } from "./host-state.ts";
+import type { Router } from "./router-types.ts";
+import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
+import type { Supervisor } from "./supervisor.ts";
+
+export const CRASH_TAIL_LINES = 30;
+
+/** The payload of a DEPLOY/RETRY/UNDEPLOY/SERVICE_ACTION/RECONCILE_ROUTING action. */
+export interface DeployJob {
+  action_id: string;
+  action_type: string;
+  deployment_id?: string;
+  app_name: string;
+  branch: string;
+  group_slug: string;
+  image_tag?: string | null;
+  build_id?: string | null;
+  services?: unknown[] | null;
+  purge?: boolean;
+  service_name?: string | null;
+  action?: "restart" | "stop" | "start" | null;
+}
+
+/** What apps-builds says the release is (ResolveRelease). */
+export interface ReleaseInfo {
+  imageTag: string;
+  config: Record<string, unknown>;
+  env: Record<string, string>;
+  hosts: string[];
+}
+
+export type LogLevel = "info" | "warning" | "error";
+
+export interface DeployerDeps {
+  hostId: string;
+  runDir: string;
+  imageDir: string;
+  driver: RuntimeDriver;
+  supervisor: Supervisor;
+  router: Router;
+  state: HostState;
+  resolve(job: DeployJob): Promise<ReleaseInfo>;
+  healthTimeoutMs: number;
+  /** How long the old colour keeps its connections after the flip before it is stopped. */
+  drainMs: number;
+  /** Grace between SIGTERM and SIGKILL when a replica is stopped. */
+  stopGraceMs: number;
+  log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
+  /** Reports a phase; true means cancel was requested (and the swap is not committed). */
+  phase(name: string): Promise<boolean>;
+}
+
+export interface DeployOutcome {
+  status: "completed" | "failed" | "cancelled";
+  error_message: string;
+  result: Record<string, unknown>;
+}
+
+class DeployFailure extends Error {
+  readonly crashOutput: Record<string, string[]> | null;
+  constructor(message: string, crashOutput: Record<string, string[]> | null = null) {
+    super(message);
+    this.crashOutput = crashOutput;
+  }
+}
+class DeployCancelled extends Error {}
+
+function run(cmd: string, args: string[]): Promise<{ code: number | null; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, args, { stdio: ["ignore", "ignore", "pipe"] });
+    let stderr = "";
+    child.stderr.on("data", (c: Buffer) => (stderr += c.toString("utf8")));
+    child.once("error", reject);
+    child.once("close", (code) => resolve({ code, stderr }));
+  });
+}
+
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address() as net.AddressInfo;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** One GET of the health path: a 2xx or 3xx answer within 2 s passes. */
+export function probeHealth(port: number, healthPath: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const req = http.get({ host: "127.0.0.1", port, path: healthPath, timeout: 2000, agent: false }, (res) => {
+      res.resume();
+      resolve((res.statusCode ?? 500) < 400);
+    });
+    req.on("timeout", () => req.destroy());
+    req.on("error", () => resolve(false));
+  });
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const safe = (s: string) => s.replace(/[^A-Za-z0-9_-]/g, "_");
+
+export function replicaId(key: string, service: string, colour: Colour, index: number, tag: string): string {
+  return safe(`${key}.${service}.${colour}.${index}.${tag}`).slice(0, 200);
+}
+
+export class Deployer {
+  readonly #d: DeployerDeps;
+
+  constructor(deps: DeployerDeps) {
+    this.#d = deps;
+  }
+
+  /** Unpacks the tag's image (once) into the host's releases. */
+  async #release(job: DeployJob, tag: string): Promise<string> {
+    const dir = path.join(this.#d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch), safe(tag));
+    if (await stat(dir).catch(() => null)) return dir;
+    const image = path.join(this.#d.imageDir, job.app_name, `${tag}.tar.gz`);
+    if (!(await stat(image).catch(() => null))) throw new DeployFailure(`The image ${job.app_name}:${tag} is not in this host's image store (${this.#d.hostId}).`);
+    const tmp = `${dir}.unpack-${process.pid}`;
+    await rm(tmp, { recursive: true, force: true });
+    await mkdir(tmp, { recursive: true });
+    const tar = await run("tar", ["-xzf", image, "-C", tmp]);
+    if (tar.code !== 0) throw new DeployFailure(`Unpacking the image ${job.app_name}:${tag} failed: ${tar.stderr.trim().slice(0, 300)}`);
+    await rename(tmp, dir);
+    return dir;
+  }
+
+  async #stopReplicas(replicas: ReplicaSpec[]): Promise<void> {
+    for (const r of replicas) this.#d.supervisor.release(r.id);
+    await Promise.all(
+      replicas.map(async (r) => {
+        await this.#d.driver.stop(r.id, this.#d.stopGraceMs).catch(() => undefined);
+        await this.#d.driver.remove(r.id).catch(() => undefined);
+      }),
+    );
+  }
+
+  #running(id: string): boolean {
+    return this.#d.driver.list().some((s) => s.spec.id === id && s.running);
+  }
+
+  async #crashOutput(replicas: ReplicaSpec[]): Promise<Record<string, string[]>> {
+    const out: Record<string, string[]> = {};
+    for (const r of replicas) {
+      if (this.#running(r.id) || out[r.service]) continue;
+      out[r.service] = (await this.#d.driver.tail(r.id, CRASH_TAIL_LINES).catch(() => [])).slice(-CRASH_TAIL_LINES);
+    }
+    return out;
+  }
+
+  /** DEPLOY and RETRY. */
+  async deploy(job: DeployJob): Promise<DeployOutcome> {
+    const d = this.#d;
+    const key = appKey(job.group_slug, job.app_name, job.branch);
+    const phases: Record<string, string[]> = {};
+    let current = "setup";
+    const emit = (level: LogLevel, message: string, service?: string) => {
+      d.log({ level, message, service_name: service, phase: current });
+      (phases[current] ??= []).push(service ? `[${service}] ${message}` : message);
+    };
+    const enter = async (name: string) => {
+      current = name;
+      phases[name] ??= [];
+      if (await d.phase(name)) throw new DeployCancelled(`Cancelled before ${name}.`);
+    };
+    const previous = d.state.app(key);
+    const result: Record<string, unknown> = { previous_tag: previous?.tag ?? null, runtime: d.driver.name, host: d.hostId };
+    const finish = (status: DeployOutcome["status"], error: string): DeployOutcome => {
+      result.phases = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, v.join("\n")]));
+      return { status, error_message: error, result };
+    };
+
+    const pending = d.state.inflight(job.action_id);
+    if (pending) return this.#resume(pending, emit, finish);
+
+    let inflight: InflightDeploy | null = null;
+    try {
+      await enter("setup");
+      const release = await d.resolve(job);
+      const tag = release.imageTag || job.image_tag || "";
+      result.env_vars_snapshot = release.env;
+      const checked = checkAppConfig(release.config);
+      if (!checked.ok) throw new DeployFailure(`The app config is invalid: ${checked.errors[0]?.message ?? "see preflight"}`);
+      const config = normalizeAppConfig(checked.config);
+      if (config.type !== "container") throw new DeployFailure("A static app is served from the edge, which this host does not run; only container apps deploy here.");
+      const wanted = Array.isArray(job.services) && job.services.length > 0 ? new Set(job.services.map(String)) : null;
+      const services = Object.entries(config.services).filter(([name]) => !wanted || wanted.has(name));
+      if (services.length === 0) throw new DeployFailure("The config declares no service to run.");
+      emit("info", `Deploying ${job.app_name}:${tag} (${services.length} service(s)) on ${d.hostId}`);
+      const releaseDir = await this.#release(job, tag);
+
+      await enter("start");
+      const colour: Colour = previous?.colour === "blue" ? "green" : "blue";
+      const next: DeployedApp = {
+        key,
+        group: job.group_slug,
+        app: job.app_name,
+        branch: job.branch,
+        tag,
+        colour,
+        deploymentId: job.deployment_id ?? job.action_id,
+        hosts: release.hosts,
+        releaseDir,
+        services: {},
+        since: new Date().toISOString(),
+      };
+      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next };
+      for (const [name, service] of services) {
+        const replicas: ReplicaSpec[] = [];
+        for (let i = 0; i < service.replicas; i++) {
+          const port = service.background ? null : await freePort();
+          replicas.push(this.#spec(job, next, name, service, i, port, release.env));
+        }
+        next.services[name] = { mount: service.background ? null : (service.mount ?? null), health: service.health ?? null, background: service.background, stopped: false, replicas };
+        inflight.replicas.push(...replicas);
+      }
+      // Recorded before anything starts, so a restarted agent knows what to clean up.
+      await d.state.setInflight(inflight);
+      for (const r of inflight.replicas) {
+        await d.driver.start(r);
+        emit("info", `Started replica ${r.index + 1} (${colour})${r.port ? ` on port ${r.port}` : ""}`, r.service);
+      }
+
+      await enter("health_check");
+      await this.#healthCheck(next, inflight.replicas, emit);
+
+      await enter("ready");
+      emit("info", "Every service passed its checks");
+
+      // The queue records the swap commit before the route moves: from here on cancel is refused.
+      if (await d.phase("swap_committed")) throw new DeployCancelled("Cancelled before the swap.");
+      current = "swap_committed";
+      inflight.swapCommitted = true;
+      await d.state.setInflight(inflight);
+      await this.#commit(inflight, previous, emit);
+      current = "drain";
+      await d.phase("drain");
+      await this.#drain(previous, emit);
+      await d.state.clearInflight(job.action_id);
+      result.services = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, { replicas: s.replicas.length, ports: s.replicas.map((r) => r.port) }]));
+      result.instance_status = { [d.hostId]: "running" };
+      emit("info", `${job.app_name}:${tag} is live (${colour})`);
+      return finish("completed", "");
+    } catch (err) {
+      if (inflight && !inflight.swapCommitted) {
+        await this.#stopReplicas(inflight.replicas);
+        await d.state.clearInflight(job.action_id);
+      }
+      if (err instanceof DeployCancelled) {
+        emit("warning", `${err.message} The new colour was stopped; ${previous ? `${previous.tag} keeps serving` : "nothing was serving"}.`);
+        return finish("cancelled", err.message);
+      }
+      const message = err instanceof DeployFailure ? err.message : `The agent failed: ${err instanceof Error ? err.message : String(err)}`;
+      if (err instanceof DeployFailure && err.crashOutput) result.crash_output = err.crashOutput;
+      emit("error", message);
+      if (previous) emit("info", `${previous.tag} keeps serving`);
+      return finish("failed", message);
+    }
+  }
+
+  #spec(job: DeployJob, app: DeployedApp, service: string, config: NormalizedServiceConfig, index: number, port: number | null, env: Record<string, string>): ReplicaSpec {
+    return {
+      id: replicaId(app.key, service, app.colour, index, app.tag),
+      group: job.group_slug,
+      app: job.app_name,
+      branch: job.branch,
+      service,
+      colour: app.colour,
+      index,
+      tag: app.tag,
+      releaseDir: app.releaseDir,
+      command: config.run ?? "",
+      env: {
+        ...env,
+        ...(port !== null ? { PORT: String(port) } : {}),
+        PLATFORM_APP: job.app_name,
+        PLATFORM_BRANCH: job.branch,
+        PLATFORM_SERVICE: service,
+        PLATFORM_RELEASE: app.tag,
+      },
+      port,
+      memoryMb: config.memory_mb ?? null,
+    };
+  }
+
+  async #healthCheck(app: DeployedApp, replicas: ReplicaSpec[], emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+    const deadline = Date.now() + this.#d.healthTimeoutMs;
+    const waiting = new Set(replicas.map((r) => r.id));
+    for (;;) {
+      const dead = replicas.filter((r) => !this.#running(r.id));
+      if (dead.length > 0) {
+        const crash = await this.#crashOutput(dead);
+        const names = [...new Set(dead.map((r) => r.service))];
+        for (const [service, lines] of Object.entries(crash)) for (const line of lines) emit("error", line, service);
+        throw new DeployFailure(`Service ${names.join(", ")} exited during the health checks.`, crash);
+      }
+      for (const r of replicas) {
+        if (!waiting.has(r.id)) continue;
+        const svc = app.services[r.service]!;
+        if (r.port === null || !svc.health) {
+          waiting.delete(r.id);
+          continue;
+        }
+        if (await probeHealth(r.port, svc.health)) {
+          waiting.delete(r.id);
+          emit("info", `Replica ${r.index + 1} answers ${svc.health}`, r.service);
+        }
+      }
+      // Services without a health check must at least stay up for a moment.
+      if (waiting.size === 0) {
+        await sleep(500);
+        const died = replicas.filter((r) => !this.#running(r.id));
+        if (died.length === 0) return;
+        continue;
+      }
+      if (Date.now() >= deadline) {
+        const names = [...new Set(replicas.filter((r) => waiting.has(r.id)).map((r) => r.service))];
+        throw new DeployFailure(`Service ${names.join(", ")} did not pass its health check within ${Math.round(this.#d.healthTimeoutMs / 1000)} s.`);
+      }
+      await sleep(250);
+    }
+  }
+
+  /** The flip: the route moves to the new colour in one router call. */
+  async #commit(inflight: InflightDeploy, previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+    const next = inflight.next;
+    for (const r of inflight.replicas) this.#d.supervisor.desire(r);
+    if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
+    else await this.#d.router.remove(next.key);
+    await this.#d.state.setApp({ ...next, since: new Date().toISOString() });
+    emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
+    if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);
+  }
+
+  async #drain(previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+    if (!previous) return;
+    const old = Object.values(previous.services).flatMap((s) => s.replicas);
+    for (const r of old) this.#d.supervisor.release(r.id);
+    await sleep(this.#d.drainMs);
+    await this.#stopReplicas(old);
+    emit("info", `Stopped ${old.length} replica(s) of ${previous.tag}`);
+  }
+
+  /** An action claimed again after an agent restart: finish a committed swap, else clean up. */
+  async #resume(
+    pending: InflightDeploy,
+    emit: (l: LogLevel, m: string, s?: string) => void,
+    finish: (s: DeployOutcome["status"], e: string) => DeployOutcome,
+  ): Promise<DeployOutcome> {
+    const d = this.#d;
+    if (pending.swapCommitted) {
+      const previous = d.state.app(pending.key);
+      const prior = previous && previous.tag !== pending.next.tag ? previous : undefined;
+      await this.#commit(pending, prior, emit);
+      await this.#drain(prior, emit);
+      await d.state.clearInflight(pending.actionId);
+      emit("info", "The agent restarted after the swap commit; the deploy was finished");
+      return finish("completed", "");
+    }
+    await this.#stopReplicas(pending.replicas);
+    await d.state.clearInflight(pending.actionId);
+    const message = "The agent restarted during the deploy, before the swap: the new colour was stopped and the running version kept serving.";
+    emit("error", message);
+    return finish("failed", message);
+  }
+
+  /** UNDEPLOY: the route goes, then every replica; `purge` also deletes the app's images and releases here. */
+  async undeploy(job: DeployJob): Promise<DeployOutcome> {
+    const d = this.#d;
+    const key = appKey(job.group_slug, job.app_name, job.branch);
+    const lines: string[] = [];
+    const emit = (level: LogLevel, message: string) => {
+      d.log({ level, message, phase: "undeploy" });
+      lines.push(message);
+    };
+    const app = d.state.app(key);
+    await d.router.remove(key);
+    if (app) {
+      const replicas = Object.values(app.services).flatMap((s) => s.replicas);
+      await this.#stopReplicas(replicas);
+      await d.state.removeApp(key);
+      emit("info", `Stopped ${replicas.length} replica(s) of ${app.tag}; ${app.hosts.join(", ") || "the app"} is no longer routed`);
+    } else {
+      emit("info", "Nothing of this branch runs on this host");
+    }
+    if (job.purge) {
+      await rm(path.join(d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch)), { recursive: true, force: true });
+      await rm(path.join(d.imageDir, job.app_name), { recursive: true, force: true });
+      emit("info", "Images and releases deleted");
+    }
+    return { status: "completed", error_message: "", result: { previous_tag: app?.tag ?? null, purge: job.purge === true, phases: { undeploy: lines.join("\n") } } };
+  }
+
+  /** SERVICE_ACTION: stop, start or restart one service's replicas (same ports, same release). */
+  async serviceAction(job: DeployJob): Promise<DeployOutcome> {
+    const d = this.#d;
+    const key = appKey(job.group_slug, job.app_name, job.branch);
+    const app = d.state.app(key);
+    const name = job.service_name ?? "";
+    const service: DeployedService | undefined = app?.services[name];
+    if (!app || !service) {
+      return { status: "failed", error_message: `Service '${name}' of ${job.app_name} (branch ${job.branch}) does not run on this host.`, result: {} };
+    }
+    const lines: string[] = [];
+    const emit = (level: LogLevel, message: string) => {
+      d.log({ level, message, service_name: name, phase: job.action ?? "service" });
+      lines.push(message);
+    };
+    if (job.action === "stop" || job.action === "restart") {
+      for (const r of service.replicas) {
+        d.supervisor.release(r.id);
+        await d.driver.stop(r.id, d.stopGraceMs).catch(() => undefined);
+        await d.driver.remove(r.id).catch(() => undefined);
+      }
+      service.stopped = true;
+      emit("info", `Stopped ${service.replicas.length} replica(s)`);
+    }
+    if (job.action === "start" || job.action === "restart") {
+      for (const r of service.replicas) {
+        await d.driver.start(r);
+        d.supervisor.desire(r);
+      }
+      service.stopped = false;
+      emit("info", `Started ${service.replicas.length} replica(s)`);
+    }
+    await d.state.setApp(app);
+    if (app.hosts.length > 0) await d.router.put(routeOf(app));
+    return { status: "completed", error_message: "", result: { phases: { [job.action ?? "service"]: lines.join("\n") } } };
+  }
+
+  /** RECONCILE_ROUTING: the route follows the app's current visibility (front doors from apps-builds). */
+  async reconcile(job: DeployJob): Promise<DeployOutcome> {
+    const d = this.#d;
+    const key = appKey(job.group_slug, job.app_name, job.branch);
+    const app = d.state.app(key);
+    if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: "Nothing of this branch runs on this host." } } };
+    const release = await d.resolve({ ...job, image_tag: app.tag });
+    app.hosts = release.hosts;
+    await d.state.setApp(app);
+    if (app.hosts.length > 0) await d.router.put(routeOf(app));
+    else await d.router.remove(key);
+    const message = app.hosts.length > 0 ? `Routed at ${app.hosts.join(", ")}` : "Private: the public route was removed";
+    d.log({ level: "info", message, phase: "reconcile" });
+    return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };
+  }
+
+  /** After an agent start: the router gets the whole table again from the host state. */
+  async reassertRoutes(): Promise<void> {
+    await this.#d.router.assertAll(this.#d.state.apps().filter((a) => a.hosts.length > 0).map(routeOf));
+  }
+}

@@ -1,0 +1,137 @@
+/**
+ * What this host runs, kept on disk (`<AGENT_RUN_DIR>/state.json`) so that an agent restart
+ * changes nothing for the apps: the replicas keep running (the runtime driver adopts them), the
+ * router is re-asserted from this record, and a deploy that was in flight is finished or cleaned
+ * up from what it wrote here. Written atomically (temporary file, then rename).
+ */
+import { mkdir, readFile, rename, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { RouteSpec } from "./router-types.ts";
+import type { Colour, ReplicaSpec } from "./runtime/types.ts";
+
+export interface DeployedService {
+  /** Mount on the front door; null for an unrouted service. */
+  mount: string | null;
+  health: string | null;
+  background: boolean;
+  /** Stopped with a service action: its replicas are not desired. */
+  stopped: boolean;
+  replicas: ReplicaSpec[];
+}
+
+export interface DeployedApp {
+  key: string;
+  group: string;
+  app: string;
+  branch: string;
+  tag: string;
+  colour: Colour;
+  deploymentId: string;
+  /** Front door host names; empty for a private app. */
+  hosts: string[];
+  releaseDir: string;
+  services: Record<string, DeployedService>;
+  since: string;
+}
+
+/** A deploy between its first replica and its completion. */
+export interface InflightDeploy {
+  actionId: string;
+  key: string;
+  colour: Colour;
+  replicas: ReplicaSpec[];
+  swapCommitted: boolean;
+  /** The app as it will be once the swap is committed. */
+  next: DeployedApp;
+}
+
+interface StateFile {
+  apps: Record<string, DeployedApp>;
+  inflight: Record<string, InflightDeploy>;
+}
+
+export function appKey(group: string, app: string, branch: string): string {
+  return `${group}/${app}/${branch}`;
+}
+
+/** The router's view of a deployed app: one front door, each routed service's live upstreams. */
+export function routeOf(app: DeployedApp): RouteSpec {
+  return {
+    key: app.key,
+    hosts: app.hosts,
+    mounts: Object.entries(app.services)
+      .filter(([, s]) => s.mount !== null && !s.background)
+      .map(([service, s]) => ({
+        service,
+        path: s.mount!,
+        upstreams: s.stopped ? [] : s.replicas.filter((r) => r.port !== null).map((r) => `127.0.0.1:${r.port}`),
+      })),
+  };
+}
+
+export class HostState {
+  readonly #file: string;
+  #state: StateFile = { apps: {}, inflight: {} };
+  #writing: Promise<void> = Promise.resolve();
+
+  constructor(runDir: string) {
+    this.#file = path.join(runDir, "state.json");
+  }
+
+  async load(): Promise<void> {
+    try {
+      const parsed = JSON.parse(await readFile(this.#file, "utf8")) as Partial<StateFile>;
+      this.#state = { apps: parsed.apps ?? {}, inflight: parsed.inflight ?? {} };
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
+    }
+  }
+
+  apps(): DeployedApp[] {
+    return Object.values(this.#state.apps);
+  }
+
+  app(key: string): DeployedApp | undefined {
+    return this.#state.apps[key];
+  }
+
+  inflight(actionId: string): InflightDeploy | undefined {
+    return this.#state.inflight[actionId];
+  }
+
+  allInflight(): InflightDeploy[] {
+    return Object.values(this.#state.inflight);
+  }
+
+  async setApp(app: DeployedApp): Promise<void> {
+    this.#state.apps[app.key] = app;
+    await this.save();
+  }
+
+  async removeApp(key: string): Promise<void> {
+    delete this.#state.apps[key];
+    await this.save();
+  }
+
+  async setInflight(d: InflightDeploy): Promise<void> {
+    this.#state.inflight[d.actionId] = d;
+    await this.save();
+  }
+
+  async clearInflight(actionId: string): Promise<void> {
+    delete this.#state.inflight[actionId];
+    await this.save();
+  }
+
+  /** Writes are serialised: the last one wins, none interleave. */
+  save(): Promise<void> {
+    const snapshot = JSON.stringify(this.#state, null, 2);
+    this.#writing = this.#writing.then(async () => {
+      await mkdir(path.dirname(this.#file), { recursive: true });
+      const tmp = `${this.#file}.${process.pid}.tmp`;
+      await writeFile(tmp, snapshot);
+      await rename(tmp, this.#file);
+    });
+    return this.#writing;
+  }
+}

@@ -1,0 +1,154 @@
+/**
+ * The agent's running apps: the runtime driver, the supervisor that restarts crashed replicas,
+ * the router, and the host state that ties them together across agent restarts. Replica output
+ * is shipped as log source `container`; supervisor events as source `agent`.
+ */
+import path from "node:path";
+import type { Client } from "@connectrpc/connect";
+import type { Logger } from "@platform/logger";
+import type { LogLineInput } from "@platform/logship";
+import type { AppsBuildsService } from "@platform/proto";
+import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
+import type { InventoryEntry } from "./heartbeat.ts";
+import { HostState } from "./host-state.ts";
+import { CaddyRouter } from "./router.ts";
+import { DockerDriver } from "./runtime/docker.ts";
+import { ProcessDriver } from "./runtime/process.ts";
+import type { RuntimeDriver } from "./runtime/types.ts";
+import { Supervisor } from "./supervisor.ts";
+
+export interface RuntimeHostOptions {
+  hostId: string;
+  runDir: string;
+  imageDir: string;
+  runtime: "process" | "docker";
+  dockerSocket: string;
+  routerAdminUrl: string;
+  routerPort: number;
+  healthTimeoutMs: number;
+  apps: Client<typeof AppsBuildsService>;
+  logger: Logger;
+  ship(line: LogLineInput): void;
+}
+
+/** How often the router is checked for a restart (it then gets the whole table again). */
+const ROUTER_CHECK_MS = 5_000;
+const DRAIN_MS = 2_000;
+const STOP_GRACE_MS = 10_000;
+
+export interface RuntimeHost {
+  deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
+  inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
+  close(): Promise<void>;
+}
+
+export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHost> {
+  const runDir = path.resolve(o.runDir);
+  const driver: RuntimeDriver =
+    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, logger: o.logger });
+  const state = new HostState(runDir);
+  await state.load();
+  const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
+
+  const specs = () => new Map(state.apps().flatMap((a) => Object.values(a.services).flatMap((s) => s.replicas.map((r) => [r.id, r] as const))));
+  driver.onOutput((line) => {
+    const spec = specs().get(line.replicaId) ?? state.allInflight().flatMap((d) => d.replicas).find((r) => r.id === line.replicaId);
+    if (!spec) return;
+    o.ship({
+      source: "container",
+      level: line.stream === "stderr" ? "warning" : "info",
+      app_name: spec.app,
+      branch: spec.branch,
+      group_slug: spec.group,
+      service_name: spec.service,
+      instance_id: o.hostId,
+      message: line.line,
+      ts: line.at.toISOString(),
+      metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },
+    });
+  });
+  const supervisor = new Supervisor({
+    driver,
+    logger: o.logger,
+    onEvent: (e) =>
+      o.ship({
+        source: "agent",
+        level: e.kind === "restarted" ? "info" : e.kind === "crashed" ? "warning" : "error",
+        app_name: e.app,
+        branch: e.branch,
+        group_slug: e.group,
+        service_name: e.service,
+        instance_id: o.hostId,
+        message: e.message,
+        metadata: { replica: e.replicaId, event: e.kind, exit: e.exit ?? null },
+      }),
+  });
+
+  // What ran before this agent started keeps running: adopt it, restart what died meanwhile.
+  const adopted = new Map((await driver.adopt()).map((r) => [r.spec.id, r]));
+  for (const app of state.apps()) {
+    for (const service of Object.values(app.services)) {
+      if (service.stopped) continue;
+      for (const spec of service.replicas) {
+        if (!adopted.get(spec.id)?.running) {
+          await driver.remove(spec.id).catch(() => undefined);
+          await driver.start(spec).catch((err: unknown) => o.logger.error({ err, replica: spec.id }, "replica not restarted after the agent restart"));
+        }
+        supervisor.desire(spec);
+      }
+    }
+  }
+
+  const deps = { hostId: o.hostId, runDir, imageDir: path.resolve(o.imageDir), driver, supervisor, router, state, healthTimeoutMs: o.healthTimeoutMs, drainMs: DRAIN_MS, stopGraceMs: STOP_GRACE_MS };
+  const resolve = async (job: DeployJob) => {
+    const r = await o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" });
+    return { imageTag: r.imageTag, config: JSON.parse(r.configJson) as Record<string, unknown>, env: r.env, hosts: r.hosts };
+  };
+  const deployer = (bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }) => new Deployer({ ...deps, resolve, ...bind });
+  const routesKeeper = deployer({ log: () => undefined, phase: async () => false });
+
+  const reassert = async () => {
+    try {
+      if ((await router.current()) === null) {
+        await routesKeeper.reassertRoutes();
+        o.logger.info({ apps: state.apps().length }, "routing table asserted");
+      }
+    } catch (err) {
+      o.logger.warn({ err }, "router not reachable; routes are asserted again when it answers");
+    }
+  };
+  await reassert();
+  let checking: Promise<void> | null = null;
+  const timer = setInterval(() => {
+    checking ??= reassert().finally(() => {
+      checking = null;
+    });
+  }, ROUTER_CHECK_MS);
+  timer.unref();
+
+  return {
+    deployer,
+    inventory() {
+      const running = new Set(driver.list().filter((r) => r.running).map((r) => r.spec.id));
+      const inventory: InventoryEntry[] = state.apps().flatMap((a) =>
+        Object.entries(a.services).map(([service, s]) => ({
+          group: a.group,
+          app: a.app,
+          branch: a.branch,
+          service,
+          tag: a.tag,
+          colour: a.colour,
+          replicas_desired: s.stopped ? 0 : s.replicas.length,
+          replicas_running: s.replicas.filter((r) => running.has(r.id)).length,
+        })),
+      );
+      return { name: driver.name, inventory, containers: { running: running.size, total: driver.list().length } };
+    },
+    async close() {
+      clearInterval(timer);
+      await checking;
+      await supervisor.close();
+      await driver.close();
+    },
+  };
+}

@@ -1,0 +1,270 @@
+/**
+ * What runs an app, as the API shows it (spec doc 1 sections 4.4 and 4.5, doc 2 section 4.10):
+ * redeploy, retry, reconcile, undeploy, and the services (status, start, stop, restart).
+ * deploy-queue queues the actions (asking apps-builds what the app is); these routes translate.
+ *
+ * Shapes the spec does not show (redeploy, retry, reconcile) answer 202 with the queued action:
+ * `{action_id, deployment_id, app_name, branch, image_tag, status: queued}`; redeploy adds
+ * `mode`: `image` (the latest successful build deployed again) or `rebuild` (a new build with
+ * auto-deploy, when asked with `rebuild: true` or when the branch has no successful build yet).
+ */
+import type { FastifyInstance, FastifyRequest } from "fastify";
+import type { Client } from "@connectrpc/connect";
+import type { AppsBuildsService, DeployQueueService } from "@platform/proto";
+import { callerOf } from "../access.ts";
+import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+
+const nullable = { type: ["string", "null"] } as const;
+const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
+const appParams = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
+const branchQuery = {
+  type: "object",
+  properties: { ...commonQuery, branch: { type: "string", description: "Branch of the app; defaults to the production branch." } },
+} as const;
+
+const queuedAction = {
+  type: "object",
+  properties: {
+    action_id: { type: "string" },
+    deployment_id: { type: "string" },
+    app_name: { type: "string" },
+    branch: { type: "string" },
+    image_tag: nullable,
+    status: { type: "string", enum: ["queued"] },
+    mode: { type: "string", enum: ["image", "rebuild"] },
+    build_id: nullable,
+  },
+  required: ["action_id", "app_name", "branch", "status"],
+} as const;
+
+const runtimeSchema = {
+  type: "object",
+  properties: {
+    replicas_running: { type: ["integer", "null"], description: "Hosts reporting a running replica (hosts, not containers)." },
+    hosts_unverified: { type: ["integer", "null"], description: "Known hosts not heard from recently." },
+    reason: { ...nullable, description: "Set only when status is unknown: no_alive_agents, inventory_stale, host_silent, ..." },
+  },
+  required: ["replicas_running", "hosts_unverified", "reason"],
+  additionalProperties: false,
+} as const;
+
+export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>, queue: Client<typeof DeployQueueService>): void {
+  app.post(
+    "/api/apps/:app_name/redeploy",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Deploy the branch's latest image again, or rebuild and deploy.",
+        description: "Body (optional): `rebuild` (boolean, default false). Without a successful build the branch is rebuilt. 409 while quarantined by preflight.",
+        params: appParams,
+        querystring: branchQuery,
+        body: { type: ["object", "null"], properties: { rebuild: { type: "boolean", default: false } }, additionalProperties: false },
+        response: { 202: queuedAction, ...authErrors, ...bodyErrors },
+      },
+    },
+    async (request, reply) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      const rebuild = ((request.body ?? {}) as { rebuild?: boolean }).rebuild === true;
+      const caller = callerOf(request);
+      const current = await apps.getApp({ caller, appName: app_name, branch: branch ?? "" });
+      if (!rebuild && current.latestBuild) {
+        const r = await queue.queueDeployment({ caller, appName: current.appName, branch: current.branch, explicitGroup: true, reason: "redeploy" });
+        return reply.code(202).send({ action_id: r.actionId, deployment_id: r.deploymentId, app_name: r.appName, branch: r.branch, image_tag: r.imageTag, status: "queued", mode: "image", build_id: null });
+      }
+      const b = await apps.triggerBuild({ caller, appName: current.appName, repository: current.repository, branch: current.branch, autoDeploy: true, configPath: current.configPath });
+      return reply
+        .code(202)
+        .send({ action_id: b.actionId, deployment_id: null, app_name: current.appName, branch: current.branch, image_tag: b.tag, status: "queued", mode: "rebuild", build_id: b.buildId });
+    },
+  );
+
+  const simple = (path: string, type: "RETRY" | "RECONCILE_ROUTING", summary: string, description: string) =>
+    app.post(
+      path,
+      {
+        config: { access: { scope: "deploy" } },
+        schema: { tags: ["apps"], summary, description, params: appParams, querystring: branchQuery, response: { 202: queuedAction, ...authErrors, ...bodyErrors } },
+      },
+      async (request, reply) => {
+        const { app_name } = request.params as { app_name: string };
+        const { branch } = request.query as { branch?: string };
+        const r = await queue.queueAppAction({ caller: callerOf(request), appName: app_name, branch: branch ?? "", actionType: type, explicitGroup: request.explicitGroup });
+        return reply.code(202).send({ action_id: r.actionIds[0], deployment_id: r.actionIds[0], app_name: r.appName, branch: r.branch, image_tag: orNull(r.imageTag), status: r.status });
+      },
+    );
+  simple(
+    "/api/apps/:app_name/retry",
+    "RETRY",
+    "Retry the latest failed deploy of the branch (same image, phases from the start).",
+    "409 `nothing_to_retry` when the latest deploy did not fail; 409 while quarantined by preflight.",
+  );
+  simple(
+    "/api/apps/:app_name/reconcile",
+    "RECONCILE_ROUTING",
+    "Re-assert the live route of the branch against its visibility.",
+    "A private app loses its public route; a public one gets it back.",
+  );
+
+  app.post(
+    "/api/deployments/:app_name/undeploy",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["deployments"],
+        summary: "Stop serving a branch: its route goes, then its processes.",
+        description:
+          "`branch` omitted: the branch that runs (several running: 409 naming one to choose; none: the production branch). `purge` also deletes the branch's images and builds.",
+        params: appParams,
+        querystring: { type: "object", properties: commonQuery },
+        body: { type: ["object", "null"], properties: { branch: { type: "string" }, purge: { type: "boolean", default: false } }, additionalProperties: false },
+        response: {
+          202: {
+            type: "object",
+            properties: { action_id: { type: "string" }, app_name: { type: "string" }, branch: { type: "string" }, status: { type: "string", enum: ["queued"] }, purge: { type: "boolean" } },
+            required: ["action_id", "app_name", "status", "purge"],
+          },
+          ...authErrors,
+          ...bodyErrors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { app_name } = request.params as { app_name: string };
+      const body = (request.body ?? {}) as { branch?: string; purge?: boolean };
+      const r = await queue.queueAppAction({
+        caller: callerOf(request),
+        appName: app_name,
+        branch: body.branch ?? "",
+        actionType: "UNDEPLOY",
+        purge: body.purge === true,
+        explicitGroup: request.explicitGroup,
+      });
+      return reply.code(202).send({ action_id: r.actionIds[0], app_name: r.appName, branch: r.branch, status: r.status, purge: body.purge === true });
+    },
+  );
+
+  app.get(
+    "/api/services/:app_name",
+    {
+      config: { access: { scope: "read" } },
+      schema: {
+        tags: ["services"],
+        summary: "Each service of a branch with its runtime status, derived from the agents' heartbeats.",
+        description: "`status`: running, not_running, unknown (see `runtime.reason`), edge (static). A response without `runtime` comes from an older API: treat it as unknown.",
+        params: appParams,
+        querystring: branchQuery,
+        response: {
+          200: {
+            type: "object",
+            properties: {
+              app_name: { type: "string" },
+              branch: { type: "string" },
+              services: {
+                type: "array",
+                items: {
+                  type: "object",
+                  properties: {
+                    name: { type: "string" },
+                    status: { type: "string", enum: ["running", "not_running", "unknown", "edge"] },
+                    runtime: runtimeSchema,
+                    url: nullable,
+                    http_client: { type: ["string", "null"], enum: ["curl", "python3", "node", "none", null] },
+                    capability_probed_at: nullable,
+                  },
+                  required: ["name", "status", "runtime", "url", "http_client", "capability_probed_at"],
+                },
+              },
+            },
+            required: ["app_name", "branch", "services"],
+          },
+          ...authErrors,
+        },
+      },
+    },
+    async (request) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      const r = await queue.getServicesStatus({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      return {
+        app_name: r.appName,
+        branch: r.branch,
+        services: r.services.map((s) => ({
+          name: s.name,
+          status: s.status,
+          runtime: { replicas_running: s.runtime?.replicasRunning ?? null, hosts_unverified: s.runtime?.hostsUnverified ?? null, reason: orNull(s.runtime?.reason) },
+          url: orNull(s.url),
+          http_client: null,
+          capability_probed_at: null,
+        })),
+      };
+    },
+  );
+
+  const serviceAction = async (request: FastifyRequest, action: string, service: string | null) => {
+    const { app_name } = request.params as { app_name: string };
+    const { branch } = request.query as { branch?: string };
+    return queue.queueAppAction({
+      caller: callerOf(request),
+      appName: app_name,
+      branch: branch ?? "",
+      actionType: "SERVICE_ACTION",
+      action,
+      services: service ? [service] : [],
+      explicitGroup: request.explicitGroup,
+    });
+  };
+  const serviceActionResponse = {
+    type: "object",
+    properties: {
+      action_ids: { type: "array", items: { type: "string" } },
+      app_name: { type: "string" },
+      branch: { type: "string" },
+      action: { type: "string" },
+      status: { type: "string", enum: ["queued"] },
+      services: { type: "array", items: { type: "string" } },
+      skipped_static: { type: "array", items: { type: "string" } },
+    },
+    required: ["action_ids", "app_name", "branch", "action", "status", "services", "skipped_static"],
+  } as const;
+  for (const action of ["restart", "stop", "start"] as const) {
+    app.post(
+      `/api/services/:app_name/:service/${action}`,
+      {
+        config: { access: { scope: "deploy" } },
+        schema: {
+          tags: ["services"],
+          summary: `${action[0]!.toUpperCase()}${action.slice(1)} one service of a branch (a SERVICE_ACTION row).`,
+          description: "422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 `nothing_running` when the branch is not deployed.",
+          params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
+          querystring: branchQuery,
+          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
+        },
+      },
+      async (request, reply) => {
+        const r = await serviceAction(request, action, (request.params as { service: string }).service);
+        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic });
+      },
+    );
+    app.post(
+      `/api/services/:app_name/${action}`,
+      {
+        config: { access: { scope: "deploy" } },
+        schema: {
+          tags: ["services"],
+          summary: `${action[0]!.toUpperCase()}${action.slice(1)} every container service of a branch (one SERVICE_ACTION row each).`,
+          description: "Static services are skipped and listed in `skipped_static`; 422 when every service is static.",
+          params: appParams,
+          querystring: branchQuery,
+          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
+        },
+      },
+      async (request, reply) => {
+        const r = await serviceAction(request, action, null);
+        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic });
+      },
+    );
+  }
+}
+

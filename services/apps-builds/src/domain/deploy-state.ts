@@ -1,0 +1,102 @@
+/**
+ * An app's deploy state (spec doc 1 sections 2.1 and 3.4), kept in step with the queue's DEPLOY,
+ * RETRY and UNDEPLOY actions through `action_updated` events:
+ *
+ * - claimed: `deploying` (`undeploying` for an UNDEPLOY);
+ * - completed: `running` with running_version, running_since and running_build_id of the release
+ *   (rule 3: a successful retry reports the retried tag; rule 5: a retry has no build id);
+ *   an UNDEPLOY completed clears them (`undeployed`, rule 4);
+ * - failed: `failed` (`undeploy_failed`), the running_* fields still naming what serves (rule 4),
+ *   and `deploy_warning` when an older version still serves;
+ * - cancelled: back to what it was (`running` when something serves, else `undeployed`).
+ *
+ * last_deploy_status and last_deploy_error describe the latest such action; last_crash_output
+ * only a failed deploy whose health-check phase captured output. An UNDEPLOY with `purge` also
+ * deletes the branch's builds (the agent deleted their images).
+ */
+import type { EntityManager } from "@platform/db";
+import { App, Build } from "../entities/index.ts";
+
+export const DEPLOY_ACTION_TYPES = new Set(["DEPLOY", "RETRY", "UNDEPLOY"]);
+
+export interface DeployActionUpdate {
+  action_id: string;
+  action_type: string;
+  status: string;
+  app_name: string;
+  branch: string;
+  group_slug: string;
+  image_tag?: string | null;
+  build_id?: string | null;
+  error_message?: string | null;
+  completed_at?: string | null;
+  result?: { crash_output?: Record<string, string[]>; purge?: boolean } | null;
+}
+
+function crashOutput(result: DeployActionUpdate["result"]): Record<string, string[]> | null {
+  const out = result?.crash_output;
+  if (!out || typeof out !== "object") return null;
+  const clean: Record<string, string[]> = {};
+  for (const [service, lines] of Object.entries(out)) {
+    if (Array.isArray(lines)) clean[service] = lines.filter((l): l is string => typeof l === "string").slice(-30);
+  }
+  return Object.keys(clean).length > 0 ? clean : null;
+}
+
+export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate): Promise<App | null> {
+  const app = await em.findOne(App, { groupSlug: u.group_slug, appName: u.app_name, branch: u.branch });
+  if (!app) return null;
+  const undeploy = u.action_type === "UNDEPLOY";
+  app.lastDeployActionId = u.action_id;
+  app.lastDeployStatus = u.status;
+  switch (u.status) {
+    case "queued":
+      return app;
+    case "in_progress":
+      app.deployStatus = undeploy ? "undeploying" : "deploying";
+      app.lastDeployError = null;
+      return app;
+    case "completed":
+      app.lastDeployError = null;
+      app.lastCrashOutput = null;
+      app.deployWarning = null;
+      if (undeploy) {
+        app.deployStatus = "undeployed";
+        app.runningVersion = null;
+        app.runningSince = null;
+        app.runningBuildId = null;
+        if (u.result?.purge === true) {
+          // purge: the images went with the undeploy; the builds that made them go too.
+          await em.nativeDelete(Build, { appId: app.id });
+          app.latestBuild = null;
+        }
+      } else {
+        app.deployStatus = "running";
+        app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
+        app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
+        app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
+      }
+      return app;
+    case "failed": {
+      const error = u.error_message || (undeploy ? "The undeploy failed." : "The deploy failed.");
+      app.lastDeployError = error;
+      if (undeploy) {
+        app.deployStatus = "undeploy_failed";
+        return app;
+      }
+      app.deployStatus = "failed";
+      app.lastCrashOutput = crashOutput(u.result);
+      app.deployWarning =
+        app.runningVersion && app.runningVersion !== u.image_tag
+          ? `The deploy of ${u.image_tag ?? "a new version"} failed (${error}); ${app.runningVersion} still serves.`
+          : null;
+      return app;
+    }
+    case "cancelled":
+      app.lastDeployError = u.error_message ?? null;
+      app.deployStatus = app.runningVersion ? "running" : "undeployed";
+      return app;
+    default:
+      return app;
+  }
+}

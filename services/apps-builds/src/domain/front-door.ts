@@ -1,0 +1,72 @@
+/**
+ * Front doors (spec doc 1 section 2.1, ARCHITECTURE section 5): an app's public address is
+ * `<app>[-<branch>].<environment>.<domain>` on the router's port (the production branch goes
+ * without the branch label). `urls` and `services[].url` are rebuilt from this routing shape on
+ * every read and never stored: a path-mounted service is the front door with its mount suffix,
+ * an unrouted (background or mount-less) service has no URL, a private app has no public front
+ * door, and nothing has a URL while nothing serves.
+ */
+import { routedServices, type AppConfig } from "@platform/app-config";
+import type { App } from "../entities/index.ts";
+import { effectiveConfig, type BaseConfig, type Overlay } from "./overlay.ts";
+
+export interface RouterSettings {
+  environment: string;
+  domain: string;
+  /** The router's public port; 80 is left out of URLs. */
+  port: number;
+}
+
+type FrontDoorApp = Pick<App, "appName" | "branchLabel" | "isProduction" | "visibility">;
+
+export function frontDoorHost(app: FrontDoorApp, router: RouterSettings): string {
+  const name = app.isProduction ? app.appName : `${app.appName}-${app.branchLabel}`;
+  return `${name}.${router.environment}.${router.domain}`.toLowerCase();
+}
+
+/** The host names the router serves for the app: none for a private app. */
+export function publicHosts(app: FrontDoorApp, router: RouterSettings): string[] {
+  return app.visibility === "private" ? [] : [frontDoorHost(app, router)];
+}
+
+function origin(host: string, router: RouterSettings): string {
+  return router.port === 80 ? `http://${host}` : `http://${host}:${router.port}`;
+}
+
+/** The app's effective config: the repository's (as the last build read it) with the dashboard overlay. */
+export function appConfigOf(app: Pick<App, "baseConfig" | "overlay">): AppConfig | null {
+  if (!app.baseConfig) return null;
+  return effectiveConfig(app.baseConfig as BaseConfig, (app.overlay ?? {}) as Overlay) as AppConfig;
+}
+
+export interface ServiceUrl {
+  name: string;
+  url: string | null;
+}
+
+type AddressedApp = FrontDoorApp & Pick<App, "baseConfig" | "overlay" | "deployStatus" | "runningVersion" | "serviceNames" | "primaryOverrides">;
+
+/** Whether something serves the branch now (the route exists). */
+export function isServing(app: Pick<App, "deployStatus" | "runningVersion">): boolean {
+  return app.deployStatus !== "undeployed" && app.deployStatus !== "undeploying" && !!app.runningVersion;
+}
+
+export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceUrl[] {
+  const config = appConfigOf(app);
+  const names = config?.services ? Object.keys(config.services) : app.serviceNames;
+  const hosts = isServing(app) ? publicHosts(app, router) : [];
+  const mounts = new Map(config ? routedServices(config).map(({ name, service }) => [name, service.mount!]) : []);
+  return names.map((name) => {
+    const mount = mounts.get(name);
+    if (!hosts[0] || mount === undefined) return { name, url: null };
+    return { name, url: `${origin(hosts[0], router)}${mount === "/" ? "" : mount}` };
+  });
+}
+
+/** Live front doors: the URL of each routed service that is primary (every one unless overridden). */
+export function appUrls(app: AddressedApp, router: RouterSettings): string[] {
+  const urls = serviceUrls(app, router)
+    .filter((s) => s.url !== null && app.primaryOverrides?.[s.name] !== false)
+    .map((s) => s.url!);
+  return [...new Set(urls)];
+}

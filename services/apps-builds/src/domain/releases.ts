@@ -1,0 +1,86 @@
+/**
+ * A release is what a deploy runs (spec doc 1 section 4.5): the image of a build tag, the
+ * effective config (the repository config of that commit with the dashboard overlay), the app's
+ * variables at that moment and the front doors.
+ *
+ * deploy-queue resolves one with the tenant's caller when a deployment is queued (tenancy, the
+ * preflight quarantine, "no successful build for the tag"); the agent resolves one without a
+ * caller when it runs the claimed action, so the variables are those of the deploy's start.
+ */
+import { PlatformError } from "@platform/errors";
+import type { EntityManager } from "@platform/db";
+import type { Caller } from "@platform/caller";
+import { App, Build } from "../entities/index.ts";
+import { Variable } from "../entities/variables.ts";
+import { appBranches, appNotFound } from "./apps.ts";
+import { publicHosts, type RouterSettings } from "./front-door.ts";
+import { effectiveConfig, type BaseConfig, type Overlay } from "./overlay.ts";
+import { requirePreflightPassed } from "./preflight.ts";
+
+export interface ReleaseQuery {
+  appName: string;
+  branch: string;
+  imageTag: string;
+  groupSlug: string;
+  skipPreflight: boolean;
+  allowPendingBuild: boolean;
+  explicitGroup: boolean;
+}
+
+export interface Release {
+  app: App;
+  imageTag: string;
+  buildId: string | null;
+  config: Record<string, unknown>;
+  env: Record<string, string>;
+  hosts: string[];
+}
+
+async function appForCaller(em: EntityManager, caller: Caller, q: ReleaseQuery): Promise<App> {
+  let rows = await appBranches(em, caller, q.appName);
+  if (caller.platformOperator && q.explicitGroup) rows = rows.filter((a) => a.groupSlug === caller.selectedGroup);
+  if (rows.length === 0) throw appNotFound(q.appName);
+  if (!q.branch) return rows.find((a) => a.isProduction) ?? rows[0]!;
+  const matching = rows.filter((a) => a.branch === q.branch);
+  if (matching.length === 0) throw appNotFound(q.appName, q.branch);
+  if (matching.length > 1) {
+    throw PlatformError.conflict({
+      code: "ambiguous_group",
+      message: `App '${q.appName}' branch '${q.branch}' exists in several groups (${matching.map((a) => a.groupSlug).join(", ")}); retry with ?group=<slug>.`,
+      groups: matching.map((a) => a.groupSlug),
+    });
+  }
+  return matching[0]!;
+}
+
+async function buildOf(em: EntityManager, app: App, q: ReleaseQuery): Promise<Build | null> {
+  if (q.imageTag) {
+    const build = await em.findOne(Build, { appId: app.id, tag: q.imageTag });
+    if (build?.status === "completed" || (q.allowPendingBuild && build && build.status !== "failed" && build.status !== "cancelled")) return build;
+    throw PlatformError.badRequest(`App '${app.appName}' (branch ${app.branch}) has no successful build tagged '${q.imageTag}'.`);
+  }
+  const latest = await em.findOne(Build, { appId: app.id, status: "completed" }, { orderBy: { completedAt: "desc" } });
+  if (!latest) throw PlatformError.badRequest(`App '${app.appName}' (branch ${app.branch}) has no successful build to deploy; trigger one with POST /api/builds.`);
+  return latest;
+}
+
+export async function resolveRelease(em: EntityManager, caller: Caller | null, q: ReleaseQuery, router: RouterSettings): Promise<Release> {
+  let app: App | null;
+  if (caller) {
+    app = await appForCaller(em, caller, q);
+    if (!q.skipPreflight) requirePreflightPassed(app);
+  } else {
+    app = await em.findOne(App, { groupSlug: q.groupSlug, appName: q.appName, branch: q.branch });
+    if (!app) throw appNotFound(q.appName, q.branch);
+  }
+  const build = await buildOf(em, app, q);
+  const variables = await em.find(Variable, { appId: app.id }, { orderBy: { key: "asc" } });
+  return {
+    app,
+    imageTag: build?.tag ?? q.imageTag,
+    buildId: build?.id ?? null,
+    config: effectiveConfig((build?.config ?? app.baseConfig) as BaseConfig, (app.overlay ?? {}) as Overlay),
+    env: Object.fromEntries(variables.map((v) => [v.key, v.value])),
+    hosts: publicHosts(app, router),
+  };
+}

@@ -1,0 +1,68 @@
+/**
+ * Which branch and which services an app-level action targets (spec doc 1 section 4.5 undeploy,
+ * doc 2 section 4.10 services). Pure rules over what apps-builds reports of the app.
+ */
+import { PlatformError } from "@platform/errors";
+
+export interface BranchState {
+  branch: string;
+  isProduction: boolean;
+  deployStatus: string;
+}
+
+const LIVE = new Set(["running", "deploying", "failed", "undeploy_failed"]);
+
+/**
+ * Undeploy's branch: the one asked for; else the live branch (several live: 409 naming one to
+ * choose); none live: the registry's production branch.
+ */
+export function undeployBranch(appName: string, branches: BranchState[], requested: string): string {
+  if (requested) {
+    if (!branches.some((b) => b.branch === requested)) throw PlatformError.notFound(`App '${appName}' has no branch '${requested}'`);
+    return requested;
+  }
+  const live = branches.filter((b) => LIVE.has(b.deployStatus));
+  if (live.length === 1) return live[0]!.branch;
+  if (live.length > 1) {
+    throw PlatformError.conflict({
+      code: "branch_required",
+      message: `App '${appName}' runs on ${live.length} branches (${live.map((b) => b.branch).join(", ")}); name one with "branch", e.g. "${live[0]!.branch}".`,
+      branches: live.map((b) => b.branch),
+    });
+  }
+  const production = branches.find((b) => b.isProduction) ?? branches[0];
+  if (!production) throw PlatformError.notFound(`App '${appName}' not found`);
+  return production.branch;
+}
+
+export interface ServiceShape {
+  name: string;
+  /** `edge`: a static service (no containers). */
+  isStatic: boolean;
+}
+
+export interface ServiceTargets {
+  services: string[];
+  skippedStatic: string[];
+}
+
+/**
+ * A service action's targets: one named service (404 undeclared, 422 static) or every
+ * container service of the app (422 when all are static).
+ */
+export function serviceTargets(appName: string, services: ServiceShape[], named: string | null): ServiceTargets {
+  if (named) {
+    const s = services.find((x) => x.name === named);
+    if (!s) throw PlatformError.notFound(`App '${appName}' declares no service '${named}'`);
+    if (s.isStatic) {
+      throw PlatformError.invalid({ code: "static_service", message: `Service '${named}' is static (served from the edge): it has no process to start, stop or restart.` });
+    }
+    return { services: [named], skippedStatic: [] };
+  }
+  const containers = services.filter((s) => !s.isStatic).map((s) => s.name);
+  const skippedStatic = services.filter((s) => s.isStatic).map((s) => s.name);
+  if (containers.length === 0) {
+    throw PlatformError.invalid({ code: "all_static", message: `Every service of '${appName}' is static (served from the edge): nothing to start, stop or restart.` });
+  }
+  return { services: containers, skippedStatic };
+}

@@ -1,0 +1,238 @@
+/**
+ * Deployments (spec doc 1 sections 2.4, 3.2, 4.5): DEPLOY, RETRY and UNDEPLOY actions seen as
+ * deployments. A deployment's id is its action's id.
+ *
+ * Status (3.2) follows the action and the phase the agent reports:
+ * queued → setup_in_progress (fetch, start, health checks) → ready_to_deploy (checks passed) →
+ * in_progress (swap committed, old colour draining) → completed | failed | cancelled; an
+ * UNDEPLOY in flight is `undeploying`.
+ */
+import { randomUUID } from "node:crypto";
+import type { Caller } from "@platform/caller";
+import type { EntityManager } from "@platform/db";
+import { PlatformError } from "@platform/errors";
+import { canSeeGroup } from "@platform/caller";
+import { Action, HistoryRecord } from "../entities/index.ts";
+import { announce } from "./events.ts";
+import { DEPLOYMENT_TYPES } from "./history.ts";
+import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
+import { dispatch, type Dispatched } from "./placement.ts";
+import { SWAP_COMMIT_PHASE } from "./point-of-no-return.ts";
+
+/** Phases the agent reports on a DEPLOY (agent/src/deployer.ts), in order. */
+export const DEPLOY_PHASES = ["setup", "start", "health_check", "ready", SWAP_COMMIT_PHASE, "drain"] as const;
+
+export const DEPLOYMENTS_LIMIT = { min: 1, max: 200, default: 50 } as const;
+
+export function deploymentStatus(a: Pick<Action, "actionType" | "status" | "phase">): string {
+  if (a.status !== "in_progress") return a.status;
+  if (a.actionType === "UNDEPLOY") return "undeploying";
+  if (a.phase === "ready") return "ready_to_deploy";
+  if (a.phase === SWAP_COMMIT_PHASE || a.phase === "drain") return "in_progress";
+  return "setup_in_progress";
+}
+
+export function resolvePage(limit: number | undefined, offset: number | undefined): { limit: number; offset: number } {
+  const l = limit === undefined || limit === 0 ? DEPLOYMENTS_LIMIT.default : limit;
+  if (!Number.isInteger(l) || l < DEPLOYMENTS_LIMIT.min || l > DEPLOYMENTS_LIMIT.max) {
+    throw PlatformError.invalid(`limit must be an integer from ${DEPLOYMENTS_LIMIT.min} to ${DEPLOYMENTS_LIMIT.max}.`);
+  }
+  const o = offset ?? 0;
+  if (!Number.isInteger(o) || o < 0) throw PlatformError.invalid("offset must be a non-negative integer.");
+  return { limit: l, offset: o };
+}
+
+/** What deploy-queue needs of a resolved release (apps-builds ResolveRelease). */
+export interface ReleaseRef {
+  appName: string;
+  branch: string;
+  groupSlug: string;
+  imageTag: string;
+  buildId: string;
+  configPath: string;
+  runningVersion?: string;
+}
+
+export interface DeploymentInput {
+  services: unknown[] | null;
+  placementPlan: Record<string, unknown> | null;
+  reason: string;
+}
+
+/** Queues a DEPLOY of a resolved release; the caller's tenancy was checked by the resolution. */
+export async function queueDeployment(
+  em: EntityManager,
+  caller: Caller,
+  release: ReleaseRef,
+  input: DeploymentInput,
+  now: Date,
+  dispatched?: Dispatched[],
+): Promise<Action> {
+  const id = randomUUID();
+  const build = release.buildId ? await em.findOne(Action, { id: release.buildId }) : null;
+  const action = em.create(Action, {
+    id,
+    actionType: "DEPLOY",
+    status: "queued",
+    groupSlug: release.groupSlug,
+    appName: release.appName,
+    branch: release.branch,
+    imageTag: release.imageTag,
+    commitMessage: build?.commitMessage ?? null,
+    commitAuthor: build?.commitAuthor ?? null,
+    deployWarnings: [],
+    payload: {
+      deployment_id: id,
+      build_id: release.buildId || null,
+      app_name: release.appName,
+      branch: release.branch,
+      group_slug: release.groupSlug,
+      image_tag: release.imageTag,
+      config_path: release.configPath,
+      previous_tag: release.runningVersion ?? null,
+      services: input.services,
+      placement_plan: input.placementPlan,
+      reason: input.reason,
+    },
+    createdBy: caller.principalId || caller.kind,
+    createdAt: now,
+    updatedAt: now,
+  });
+  // The image is in the store of the host that built it.
+  await dispatch(em, action, now, { preferHost: build?.claimedBy ?? null, dispatched });
+  announce(em, action, now);
+  return action;
+}
+
+function groupFilter(caller: Caller, explicitGroup: boolean): { groupSlug?: string } | null {
+  if (caller.platformOperator && !explicitGroup) return {};
+  if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return null;
+  return { groupSlug: caller.selectedGroup };
+}
+
+export interface Page<T> {
+  items: T[];
+  total: number;
+}
+
+export async function listDeployments(
+  em: EntityManager,
+  caller: Caller,
+  q: { appName: string; limit?: number; offset?: number; explicitGroup: boolean },
+): Promise<Page<Action>> {
+  const { limit, offset } = resolvePage(q.limit, q.offset);
+  const scope = groupFilter(caller, q.explicitGroup);
+  if (!scope) return { items: [], total: 0 };
+  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: q.appName } : {}) };
+  const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
+  return { items, total };
+}
+
+export async function getDeployment(em: EntityManager, caller: Caller, id: string): Promise<Action> {
+  const prefix = checkActionIdPrefix(id.trim());
+  const action = await findActionByPrefix(em, prefix, (g) => canRead(caller, g));
+  if (!action || !(DEPLOYMENT_TYPES as readonly string[]).includes(action.actionType)) {
+    throw PlatformError.notFound(`Deployment '${id}' not found`);
+  }
+  return action;
+}
+
+export async function listHistory(
+  em: EntityManager,
+  caller: Caller,
+  q: { appName: string; limit?: number; offset?: number; explicitGroup: boolean },
+): Promise<Page<HistoryRecord>> {
+  if (!q.appName) throw PlatformError.invalid("app_name is required.");
+  const { limit, offset } = resolvePage(q.limit, q.offset);
+  const scope = groupFilter(caller, q.explicitGroup);
+  if (!scope) return { items: [], total: 0 };
+  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: q.appName }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
+  return { items, total };
+}
+
+/** The per-phase output the agent reported, in phase order, plus the error. */
+export function deploymentPhases(action: Action): Array<{ name: string; output: string }> {
+  const phases = action.result?.phases;
+  if (!phases || typeof phases !== "object") return [];
+  const order = (name: string) => {
+    const i = (DEPLOY_PHASES as readonly string[]).indexOf(name.split(":")[0]!);
+    return i === -1 ? DEPLOY_PHASES.length : i;
+  };
+  return Object.entries(phases as Record<string, unknown>)
+    .filter((e): e is [string, string] => typeof e[1] === "string")
+    .sort((a, b) => order(a[0]) - order(b[0]))
+    .map(([name, output]) => ({ name, output }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// App actions: undeploy, retry, reconcile, service actions
+
+export interface AppActionInput {
+  actionType: "UNDEPLOY" | "RETRY" | "RECONCILE_ROUTING" | "SERVICE_ACTION";
+  groupSlug: string;
+  appName: string;
+  branch: string;
+  imageTag?: string | null;
+  purge?: boolean;
+  serviceName?: string | null;
+  action?: "restart" | "stop" | "start" | null;
+  payload?: Record<string, unknown>;
+}
+
+/** The failed DEPLOY (or RETRY) a retry re-runs: the latest deployment of the branch, which must have failed. */
+export async function retryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
+  const latest = await em.findOne(
+    Action,
+    { groupSlug, appName, branch, actionType: { $in: ["DEPLOY", "RETRY"] } },
+    { orderBy: { createdAt: "desc", id: "desc" } },
+  );
+  if (!latest || latest.status !== "failed") {
+    throw PlatformError.conflict({
+      code: "nothing_to_retry",
+      message: latest
+        ? `The latest deploy of '${appName}' (branch ${branch}) is ${latest.status}, not failed: there is nothing to retry.`
+        : `App '${appName}' (branch ${branch}) has no deploy to retry.`,
+    });
+  }
+  return latest;
+}
+
+export async function queueAppAction(em: EntityManager, caller: Caller, input: AppActionInput, now: Date, dispatched?: Dispatched[]): Promise<Action> {
+  if (!canAct(caller, input.groupSlug)) throw PlatformError.notFound(`App '${input.appName}' not found`);
+  const id = randomUUID();
+  const action = em.create(Action, {
+    id,
+    actionType: input.actionType,
+    status: "queued",
+    groupSlug: input.groupSlug,
+    appName: input.appName,
+    branch: input.branch,
+    imageTag: input.imageTag ?? null,
+    deployWarnings: [],
+    serviceName: input.serviceName ?? null,
+    action: input.action ?? null,
+    payload: {
+      ...input.payload,
+      deployment_id: id,
+      app_name: input.appName,
+      branch: input.branch,
+      group_slug: input.groupSlug,
+      image_tag: input.imageTag ?? null,
+      purge: input.purge ?? false,
+      service_name: input.serviceName ?? null,
+      action: input.action ?? null,
+    },
+    createdBy: caller.principalId || caller.kind,
+    createdAt: now,
+    updatedAt: now,
+  });
+  // Actions on what runs go to the host where it runs.
+  const last = await em.findOne(
+    Action,
+    { groupSlug: input.groupSlug, appName: input.appName, branch: input.branch, actionType: { $in: ["DEPLOY", "RETRY"] }, status: "completed" },
+    { orderBy: { completedAt: "desc" } },
+  );
+  await dispatch(em, action, now, { preferHost: last?.claimedBy ?? null, dispatched });
+  announce(em, action, now);
+  return action;
+}

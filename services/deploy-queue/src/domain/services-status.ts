@@ -1,0 +1,65 @@
+/**
+ * Service runtime status (spec doc 2 sections 3.6 and 4.10), computed per read from the agents'
+ * heartbeats: each live agent reports what it runs (`inventory`). No operation moves it.
+ *
+ * - `edge`: a static service (no containers);
+ * - `running`: at least one live host reports a running replica; replicas_running counts hosts;
+ * - `not_running`: every known host was heard from recently and none runs the service;
+ * - `unknown` otherwise, with the first reason that applies, in the spec's priority order:
+ *   no_alive_agents, inventory_stale (a live host sent no inventory), host_silent (a known host
+ *   is silent, so the service may run there unseen).
+ */
+import { isLive } from "./agents.ts";
+
+/** Hosts not heard from in this long have left the fleet and no longer make a status unknown. */
+export const FORGOTTEN_AFTER_MS = 24 * 3600 * 1000;
+
+export interface AgentReport {
+  hostId: string;
+  lastSeen: Date;
+  facts: Record<string, unknown>;
+}
+
+export interface ServiceRuntime {
+  replicas_running: number | null;
+  hosts_unverified: number | null;
+  reason: string | null;
+}
+
+export interface ServiceStatusView {
+  name: string;
+  status: "running" | "not_running" | "unknown" | "edge";
+  runtime: ServiceRuntime;
+}
+
+interface InventoryEntry {
+  group?: unknown;
+  app?: unknown;
+  branch?: unknown;
+  service?: unknown;
+  replicas_running?: unknown;
+}
+
+export function servicesStatus(
+  target: { groupSlug: string; appName: string; branch: string; isStatic: boolean },
+  services: string[],
+  agents: AgentReport[],
+  now: Date,
+): ServiceStatusView[] {
+  const known = agents.filter((a) => now.getTime() - a.lastSeen.getTime() <= FORGOTTEN_AFTER_MS);
+  const live = known.filter((a) => isLive(a.lastSeen, now));
+  const silent = known.length - live.length;
+  const inventories = live.map((a) => (Array.isArray(a.facts.inventory) ? (a.facts.inventory as InventoryEntry[]) : null));
+  return services.map((name) => {
+    if (target.isStatic) return { name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null } };
+    const hostsRunning = inventories.filter((inv) =>
+      inv?.some((e) => e.group === target.groupSlug && e.app === target.appName && e.branch === target.branch && e.service === name && Number(e.replicas_running) > 0),
+    ).length;
+    const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason } });
+    if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null } };
+    if (live.length === 0) return { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: silent, reason: "no_alive_agents" } };
+    if (inventories.some((inv) => inv === null)) return unknown("inventory_stale");
+    if (silent > 0) return unknown("host_silent");
+    return { name, status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null } };
+  });
+}

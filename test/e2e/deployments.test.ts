@@ -1,0 +1,313 @@
+/**
+ * Deployments through HTTP only (spec doc 1 sections 2.1, 2.4, 3.2, 4.4, 4.5, 4.6; doc 2 section
+ * 4.10): a real agent builds the fixture app, starts it as a process, health-checks it and routes
+ * it through a real Caddy; then a client requests its URL through the router. A second commit is
+ * deployed while a client keeps requesting (no failed request across the swap), a crashing
+ * release fails with its crash output while the older one keeps serving, cancel answers at each
+ * point of the lifecycle, services stop and start, and undeploy takes the URL away.
+ */
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestFleet, type TestFleet } from "@platform/testing";
+import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { call, viaRouter, waitFor } from "./support.ts";
+
+let fleet: TestFleet;
+let api: string;
+let acme: string;
+let globex: string;
+let web: FixtureRepo;
+let serverJs: string;
+
+const APP = "node-web";
+
+async function key(f: TestFleet, group: string, scope = "admin") {
+  await call(f.api, "POST", "/groups", { credential: f.rootKey, body: { slug: group } });
+  return (await call(f.api, "POST", "/keys", { credential: f.rootKey, body: { name: group, scope, group } })).body.key as string;
+}
+
+const getApp = async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body;
+
+/** The app row follows the queue through events: wait until it has seen deployment `id` finish. */
+const appAfter = async (status: string) => waitFor(getApp, (a) => a.last_deploy_status === status);
+
+/** Builds HEAD with auto-deploy; resolves with the build and its deploy once the deploy is terminal. */
+async function buildAndDeploy(): Promise<{ tag: string; buildId: string; deploy: Record<string, any> }> {
+  const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+  expect(b.status).toBe(202);
+  const deployId = await waitFor(
+    async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag)?.id,
+    (id) => !!id,
+  );
+  const deploy = await waitFor(
+    async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body,
+    (d) => ["completed", "failed", "cancelled"].includes(d.status),
+    120_000,
+  );
+  return { tag: b.body.tag, buildId: b.body.build_id, deploy };
+}
+
+beforeAll(async () => {
+  fleet = await startTestFleet();
+  api = fleet.api;
+  acme = await key(fleet, "acme");
+  globex = await key(fleet, "globex");
+  web = await makeFixtureRepo("node-web");
+  serverJs = await readFile(path.join(web.dir, "server.js"), "utf8");
+  expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } })).status).toBe(201);
+  await waitFor(async () => (await getApp()).preflight_status, (s) => s === "ready");
+  expect((await call(api, "PUT", `/vars/${APP}`, { credential: acme, body: { branch: "main", variables: { GREETING: "hello-vars" } } })).status).toBe(200);
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+  await web?.cleanup();
+});
+
+describe("a build deployed by the agent", () => {
+  let first: Awaited<ReturnType<typeof buildAndDeploy>>;
+
+  it("runs the app behind the router: its URL answers", async () => {
+    first = await buildAndDeploy();
+    expect(first.deploy).toMatchObject({ status: "completed", app_name: APP, branch: "main", image_tag: first.tag, action_type: "DEPLOY", error_message: null });
+    const app = await appAfter("completed");
+    const url = `http://${APP}.dev.localhost:${fleet.routerPort}`;
+    expect(app).toMatchObject({
+      deploy_status: "running",
+      running_version: first.tag,
+      running_build_id: first.buildId,
+      urls: [url],
+      services: [{ name: "web", url }],
+      last_deploy_status: "completed",
+      last_deploy_error: null,
+      last_build_status: "completed",
+      deploy_warning: null,
+    });
+    expect(app.running_since).toEqual(expect.any(String));
+    const res = await viaRouter(`${url}/some/path`);
+    expect(res).toEqual({ status: 200, body: "hello from node-web (/some/path)\n" });
+    expect((await viaRouter(`${url}/build-info`)).body).toMatch(/^built by build\.js at /);
+  });
+
+  it("lists the deployment, its phases and its immutable history with the variables it ran with", async () => {
+    const id = first.deploy.id;
+    const list = await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme });
+    expect(list.body.items.map((d: any) => d.id)).toContain(id);
+    // Operator-only fields are present and null for a tenant; an operator sees them.
+    expect(first.deploy).toMatchObject({ placement_plan: null, instance_status: null, leader_instance: null, infrastructure: null, previous_tag: null });
+    const asRoot = await call(api, "GET", `/deployments/${id}`, { credential: fleet.rootKey });
+    expect(asRoot.body.leader_instance).toEqual(expect.any(String));
+    expect(asRoot.body.infrastructure).toMatchObject({ runtime: "process" });
+
+    const logs = await call(api, "GET", `/deployments/${id.slice(0, 8)}/logs`, { credential: acme });
+    expect(logs.status).toBe(200);
+    expect(logs.body.phases.map((p: any) => p.name)).toEqual(["setup", "start", "health_check", "ready", "swap_committed", "drain"]);
+    expect(logs.body.phases.find((p: any) => p.name === "health_check").output).toContain("answers /healthz");
+    expect(logs.body.error_message).toBeNull();
+
+    const history = await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme });
+    expect(history.body.items[0]).toMatchObject({ deployment_id: id, status: "completed", image_tag: first.tag, env_vars_snapshot: { GREETING: "hello-vars" } });
+    expect(history.body.items[0].duration_seconds).toEqual(expect.any(Number));
+  });
+
+  it("ships deploy and container logs", async () => {
+    await expect
+      .poll(async () => (await call(api, "GET", `/logs?app_name=${APP}&source=deploy&deployment_id=${first.deploy.id}`, { credential: acme })).body.logs.length, { timeout: 20_000 })
+      .toBeGreaterThan(0);
+    await expect
+      .poll(async () => (await call(api, "GET", `/logs?app_name=${APP}&source=container&search=listening`, { credential: acme })).body.logs.map((l: any) => l.message), { timeout: 20_000 })
+      .toContainEqual(expect.stringMatching(/^node-web listening on \d+$/));
+  });
+
+  it("swaps to a new commit with no failed request", async () => {
+    await web.commit("v2", { "server.js": serverJs.replace("hello from node-web", "hello v2 from node-web") });
+    const url = (await getApp()).urls[0] as string;
+    const seen: string[] = [];
+    const failures: string[] = [];
+    let stop = false;
+    const loop = (async () => {
+      while (!stop) {
+        try {
+          const r = await viaRouter(`${url}/`);
+          if (r.status === 200) seen.push(r.body);
+          else failures.push(`${r.status} ${r.body}`);
+        } catch (err) {
+          failures.push(String(err));
+        }
+      }
+    })();
+    const second = await buildAndDeploy();
+    await new Promise((r) => setTimeout(r, 300));
+    stop = true;
+    await loop;
+    expect(second.deploy.status).toBe("completed");
+    expect(failures).toEqual([]);
+    expect(seen[0]).toBe("hello from node-web (/)\n");
+    expect(seen.at(-1)).toBe("hello v2 from node-web (/)\n");
+    expect(second.deploy.previous_tag).toBe(first.tag);
+    expect(await waitFor(getApp, (a) => a.running_version === second.tag)).toMatchObject({ running_version: second.tag, running_build_id: second.buildId, deploy_status: "running" });
+  });
+
+  it("fails a release that crashes during its health checks, with its crash output, while the older one keeps serving", async () => {
+    const before = await getApp();
+    await web.commit("crash", { "server.js": 'console.log("starting");\nconsole.error("fatal: GREETING is " + process.env.GREETING);\nprocess.exit(3);\n' });
+    const crashed = await buildAndDeploy();
+    expect(crashed.deploy).toMatchObject({ status: "failed", error_message: expect.stringContaining("web exited during the health checks") });
+    const app = await appAfter("failed");
+    expect(app).toMatchObject({
+      deploy_status: "failed",
+      running_version: before.running_version,
+      last_deploy_status: "failed",
+      last_deploy_error: expect.stringContaining("exited during the health checks"),
+      deploy_warning: expect.stringContaining(`${before.running_version} still serves`),
+    });
+    expect(app.last_crash_output.web).toEqual(["starting", "fatal: GREETING is hello-vars"]);
+    expect((await viaRouter(`${app.urls[0]}/`)).body).toBe("hello v2 from node-web (/)\n");
+    const logs = await call(api, "GET", `/deployments/${crashed.deploy.id}/logs`, { credential: acme });
+    expect(logs.body.crash_output).toEqual({ web: ["starting", "fatal: GREETING is hello-vars"] });
+  });
+
+  it("retries the failed deploy (409 when the latest did not fail) and redeploys the latest image", async () => {
+    const retry = await call(api, "POST", `/apps/${APP}/retry`, { credential: acme });
+    expect(retry.status).toBe(202);
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${retry.body.deployment_id}`, { credential: acme })).body, (d) => ["completed", "failed"].includes(d.status), 60_000);
+    expect(done).toMatchObject({ action_type: "RETRY", status: "failed" });
+
+    await web.commit("v3", { "server.js": serverJs.replace("hello from node-web", "hello v3 from node-web") });
+    const v3 = await buildAndDeploy();
+    expect(v3.deploy.status).toBe("completed");
+    expect((await call(api, "POST", `/apps/${APP}/retry`, { credential: acme })).body.detail.code).toBe("nothing_to_retry");
+
+    const again = await call(api, "POST", `/apps/${APP}/redeploy`, { credential: acme });
+    expect(again.status).toBe(202);
+    expect(again.body).toMatchObject({ mode: "image", image_tag: v3.tag, status: "queued" });
+    const redeployed = await waitFor(async () => (await call(api, "GET", `/deployments/${again.body.deployment_id}`, { credential: acme })).body, (d) => d.status === "completed", 60_000);
+    expect(redeployed.previous_tag).toBe(v3.tag);
+    // A redeploy of an image carries no build: running_build_id is not reported (rule 5 counts DEPLOYs of builds only).
+    expect((await getApp()).running_version).toBe(v3.tag);
+  });
+});
+
+describe("cancel", () => {
+  it("cancels a queued deploy outright", async () => {
+    // A slow build keeps its dependent deploy queued for long enough.
+    const platformYaml = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
+    await web.commit("slow build", { "platform.yaml": platformYaml.replace("build: node build.js", "build: sleep 4 && node build.js") });
+    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+    const deploy = await waitFor(
+      async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.find((a: any) => a.depends_on === b.body.build_id),
+      (d) => !!d,
+    );
+    const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme });
+    expect(r.body).toMatchObject({ status: "cancelled", cancelled: true });
+    await waitFor(async () => (await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);
+    expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.status).toBe("cancelled");
+    await web.commit("fast build again", { "platform.yaml": platformYaml });
+  });
+
+  it("stops an in-flight deploy between phases before the swap; the running version keeps serving", async () => {
+    const serving = (await getApp()).running_version;
+    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
+    expect(serverJs).toContain(listen);
+    await web.commit("slow", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 8000);`) });
+    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+    const deployId = await waitFor(
+      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.status === "setup_in_progress" && d.phase === "health_check")?.id,
+      (id) => !!id,
+      120_000,
+    );
+    const r = await call(api, "POST", `/deployments/${deployId}/cancel`, { credential: acme });
+    expect(r.body).toMatchObject({ status: "cancel_requested", cancel_requested: true });
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 60_000);
+    expect(done.status).toBe("cancelled");
+    expect(await appAfter("cancelled")).toMatchObject({ running_version: serving, deploy_status: "running" });
+  });
+
+  it("refuses past the point of no return and rolls forward", async () => {
+    await web.commit("v4", { "server.js": serverJs.replace("hello from node-web", "hello v4 from node-web") });
+    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+    const deployId = await waitFor(
+      async () =>
+        (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
+          (d: any) => d.image_tag === b.body.tag && ["swap_committed", "drain"].includes(d.phase) && d.status === "in_progress",
+        )?.id,
+      (id) => !!id,
+      120_000,
+    );
+    const r = await call(api, "POST", `/deployments/${deployId}/cancel`, { credential: acme });
+    expect(r.body.status).toBe("refused_past_point_of_no_return");
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status === "completed", 60_000);
+    expect(done.image_tag).toBe(b.body.tag);
+    expect((await call(api, "POST", `/deployments/${deployId}/cancel`, { credential: acme })).body.status).toBe("not_cancellable");
+    expect((await call(api, "POST", `/deployments/00000000-0000/cancel`, { credential: acme })).body.status).toBe("not_found");
+  });
+});
+
+describe("services", () => {
+  it("reports each service's runtime from the agents' heartbeats", async () => {
+    const r = await call(api, "GET", `/services/${APP}`, { credential: acme });
+    expect(r.status).toBe(200);
+    expect(r.body.services).toEqual([
+      { name: "web", status: "running", runtime: { replicas_running: 1, hosts_unverified: 0, reason: null }, url: expect.any(String), http_client: null, capability_probed_at: null },
+    ]);
+  });
+
+  it("stops and starts a service as SERVICE_ACTION rows", async () => {
+    const url = (await getApp()).urls[0] as string;
+    const stop = await call(api, "POST", `/services/${APP}/web/stop`, { credential: acme });
+    expect(stop.status).toBe(202);
+    expect(stop.body).toMatchObject({ services: ["web"], skipped_static: [], action: "stop" });
+    await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services[0].status, { timeout: 30_000 }).toBe("not_running");
+    expect((await viaRouter(`${url}/`)).status).toBe(503);
+    const queue = await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true`, { credential: acme });
+    expect(queue.body.find((a: any) => a.action_id === stop.body.action_ids[0])).toMatchObject({ action_type: "SERVICE_ACTION", service_name: "web", action: "stop" });
+
+    const start = await call(api, "POST", `/services/${APP}/start`, { credential: acme });
+    expect(start.status).toBe(202);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+
+    const restart = await call(api, "POST", `/services/${APP}/web/restart`, { credential: acme });
+    expect(restart.status).toBe(202);
+    await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${restart.body.action_ids[0]}`, { credential: acme })).body.status, { timeout: 30_000 }).toBe("completed");
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+    expect((await call(api, "POST", `/services/${APP}/nope/restart`, { credential: acme })).status).toBe(404);
+  });
+
+  it("restarts an app process that dies and logs the event", async () => {
+    const url = (await getApp()).urls[0] as string;
+    expect((await viaRouter(`${url}/crash`)).body).toBe("exiting\n");
+    await expect
+      .poll(async () => (await call(api, "GET", `/logs?app_name=${APP}&source=agent&search=restarted`, { credential: acme })).body.logs.length, { timeout: 30_000 })
+      .toBeGreaterThan(0);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+  });
+});
+
+describe("undeploy", () => {
+  it("takes the route away and clears the running fields", async () => {
+    const url = (await getApp()).urls[0] as string;
+    const r = await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} });
+    expect(r.status).toBe(202);
+    expect(r.body).toMatchObject({ app_name: APP, branch: "main", status: "queued", purge: false });
+    await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
+    expect(await getApp()).toMatchObject({ running_version: null, running_since: null, running_build_id: null, deploy_warning: null, urls: [], services: [{ name: "web", url: null }] });
+    expect((await viaRouter(`${url}/`)).status).toBe(404);
+  });
+});
+
+describe("another group's ids are not found", () => {
+  it("answers 404 (or not_found) on every id route of deployments and services", async () => {
+    const id = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items[0].id as string;
+    expect((await call(api, "GET", `/deployments/${id}`, { credential: globex })).status).toBe(404);
+    expect((await call(api, "GET", `/deployments/${id}/logs`, { credential: globex })).status).toBe(404);
+    expect((await call(api, "POST", `/deployments/${id}/cancel`, { credential: globex })).body.status).toBe("not_found");
+    expect((await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: globex })).body).toEqual({ items: [], total: 0 });
+    expect((await call(api, "POST", "/deployments", { credential: globex, body: { app_name: APP } })).status).toBe(404);
+    for (const path of [`/deployments/${APP}/undeploy`, `/apps/${APP}/redeploy`, `/apps/${APP}/retry`, `/apps/${APP}/reconcile`, `/services/${APP}/restart`, `/services/${APP}/web/stop`]) {
+      expect((await call(api, "POST", path, { credential: globex, body: {} })).status, path).toBe(404);
+    }
+    expect((await call(api, "GET", `/services/${APP}`, { credential: globex })).status).toBe(404);
+    expect((await call(api, "GET", "/deployments/short/logs", { credential: acme })).status).toBe(422);
+  });
+});
