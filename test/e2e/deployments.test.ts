@@ -284,6 +284,58 @@ describe("services", () => {
   });
 });
 
+describe("scale, primary services and visibility", () => {
+  const scale = (replicas: unknown) => call(api, "PATCH", `/apps/${APP}/services/web/replicas`, { credential: acme, body: { replicas } });
+  const deployed = (id: string) => waitFor(async () => (await call(api, "GET", `/deployments/${id}`, { credential: acme })).body, (d) => ["completed", "failed"].includes(d.status), 60_000);
+
+  it("scales to 3 replicas and back, refusing what is not an integer from 1 to 3 and a scale while one is in flight", async () => {
+    for (const bad of ["2", true, 4, 0, 1.5]) expect((await scale(bad)).status, JSON.stringify(bad)).toBe(422);
+    const up = await scale(3);
+    expect(up.status).toBe(200);
+    expect(up.body).toMatchObject({ app_name: APP, branch: "main", service: "web", previous: 1, requested: 3, action_id: expect.any(String), overlay_paths: ["services.web.replicas"] });
+    const busy = await scale(2);
+    expect(busy.status).toBe(409);
+    expect(busy.body.detail).toMatchObject({ code: "scale_in_flight", action_id: up.body.action_id, action_type: "DEPLOY" });
+    expect((await deployed(up.body.action_id)).status).toBe("completed");
+    const logs = await call(api, "GET", `/deployments/${up.body.action_id}/logs`, { credential: acme });
+    expect(logs.body.phases.find((p: any) => p.name === "start").output).toContain("Started replica 3");
+    const config = await call(api, "GET", `/apps/${APP}/config`, { credential: acme });
+    expect(config.body.effective.services.web.replicas).toBe(3);
+    expect(config.body.source_map["services.web.replicas"]).toBe("dashboard");
+    const url = (await getApp()).urls[0] as string;
+    const bodies = new Set<string>();
+    for (let i = 0; i < 6; i++) bodies.add((await viaRouter(`${url}/`)).body);
+    expect(bodies.size).toBe(1);
+
+    const down = await scale(1);
+    expect(down.body).toMatchObject({ previous: 3, requested: 1 });
+    expect((await deployed(down.body.action_id)).status).toBe("completed");
+    await expect.poll(async () => (await scale(1)).body, { timeout: 30_000 }).toMatchObject({ action_id: null, previous: 1, requested: 1, deployed: 1 });
+    expect((await call(api, "PATCH", `/apps/${APP}/services/nope/replicas`, { credential: acme, body: { replicas: 2 } })).status).toBe(404);
+  });
+
+  it("leaves a non-primary service out of urls, at once", async () => {
+    const r = await call(api, "PATCH", `/apps/${APP}/primary-services`, { credential: acme, body: { primary: { web: false } } });
+    expect(r.status).toBe(200);
+    expect(r.body.urls).toEqual([]);
+    expect(r.body.services[0].url).toEqual(expect.any(String));
+    const back = await call(api, "PATCH", `/apps/${APP}/primary-services`, { credential: acme, body: { primary: { web: true } } });
+    expect(back.body.urls).toEqual([back.body.services[0].url]);
+    expect((await call(api, "PATCH", `/apps/${APP}/primary-services`, { credential: acme, body: { primary: { nope: true } } })).status).toBe(404);
+  });
+
+  it("re-asserts the route when visibility flips", async () => {
+    const url = (await getApp()).urls[0] as string;
+    expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } })).status).toBe(200);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(404);
+    expect((await getApp()).urls).toEqual([]);
+    expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "public" } })).status).toBe(200);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+    const queue = await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true`, { credential: acme });
+    expect(queue.body.filter((a: any) => a.action_type === "RECONCILE_ROUTING").length).toBeGreaterThanOrEqual(2);
+  });
+});
+
 describe("undeploy", () => {
   it("takes the route away and clears the running fields", async () => {
     const url = (await getApp()).urls[0] as string;
@@ -304,6 +356,8 @@ describe("another group's ids are not found", () => {
     expect((await call(api, "POST", `/deployments/${id}/cancel`, { credential: globex })).body.status).toBe("not_found");
     expect((await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: globex })).body).toEqual({ items: [], total: 0 });
     expect((await call(api, "POST", "/deployments", { credential: globex, body: { app_name: APP } })).status).toBe(404);
+    expect((await call(api, "PATCH", `/apps/${APP}/services/web/replicas`, { credential: globex, body: { replicas: 2 } })).status).toBe(404);
+    expect((await call(api, "PATCH", `/apps/${APP}/primary-services`, { credential: globex, body: { primary: { web: true } } })).status).toBe(404);
     for (const path of [`/deployments/${APP}/undeploy`, `/apps/${APP}/redeploy`, `/apps/${APP}/retry`, `/apps/${APP}/reconcile`, `/services/${APP}/restart`, `/services/${APP}/web/stop`]) {
       expect((await call(api, "POST", path, { credential: globex, body: {} })).status, path).toBe(404);
     }

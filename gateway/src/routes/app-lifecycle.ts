@@ -11,7 +11,9 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { AppsBuildsService, DeployQueueService } from "@platform/proto";
+import { PlatformError } from "@platform/errors";
 import { callerOf } from "../access.ts";
+import { appJson } from "./apps.ts";
 import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const nullable = { type: ["string", "null"] } as const;
@@ -47,6 +49,17 @@ const runtimeSchema = {
   required: ["replicas_running", "hosts_unverified", "reason"],
   additionalProperties: false,
 } as const;
+
+/**
+ * The scale body must be a JSON integer as sent: the gateway's schema validation would coerce
+ * `"2"` or `true`, so the raw body is judged before it runs.
+ */
+async function strictReplicas(request: FastifyRequest): Promise<void> {
+  const replicas = (request.body as { replicas?: unknown } | null)?.replicas;
+  if (typeof replicas !== "number" || !Number.isInteger(replicas) || replicas < 1 || replicas > 3) {
+    throw PlatformError.invalid({ code: "invalid_replicas", message: "replicas must be an integer from 1 to 3 (not a string or a boolean).", replicas: replicas ?? null });
+  }
+}
 
 export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>, queue: Client<typeof DeployQueueService>): void {
   app.post(
@@ -105,6 +118,91 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     "RECONCILE_ROUTING",
     "Re-assert the live route of the branch against its visibility.",
     "A private app loses its public route; a public one gets it back.",
+  );
+
+  app.patch(
+    "/api/apps/:app_name/services/:service/replicas",
+    {
+      config: { access: { scope: "deploy" } },
+      preValidation: strictReplicas,
+      schema: {
+        tags: ["apps"],
+        summary: "Scale a service to 1-3 replicas: the count is saved as a dashboard config edit and the running image is deployed again with it.",
+        description:
+          "Branch omitted: the running branch, else production. A no-op (the service already declares that count) writes nothing: `action_id` null and `deployed` " +
+          "(replicas running now, or null when unknown). Refusals `{detail: {code, message, ...}}`: 409 `nothing_running`; 409 `scale_in_flight` (action_id, action_type, status); " +
+          "409 `overlay_would_drop_fields` (removed_paths); `scale_saved_not_deployed` (saved, requested, previous, deployed, reason) with the underlying status or 500; " +
+          "404 unknown app or undeclared service; 422 replicas not an integer from 1 to 3. The preflight is not re-run (`preflight_action_id` is null).",
+        params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
+        querystring: branchQuery,
+        body: { type: "object", properties: { replicas: { type: "integer", minimum: 1, maximum: 3 } }, required: ["replicas"], additionalProperties: false },
+        response: {
+          200: {
+            type: "object",
+            properties: {
+              app_name: { type: "string" },
+              branch: { type: "string" },
+              service: { type: "string" },
+              previous: { type: "integer" },
+              requested: { type: "integer" },
+              action_id: nullable,
+              preflight_action_id: nullable,
+              overlay_paths: { type: "array", items: { type: "string" } },
+              image_tag: nullable,
+              deployed: { type: ["integer", "null"], description: "No-op answers only." },
+            },
+            required: ["app_name", "branch", "service", "previous", "requested", "action_id", "preflight_action_id", "overlay_paths", "image_tag"],
+          },
+          ...authErrors,
+          ...bodyErrors,
+        },
+      },
+    },
+    async (request) => {
+      const { app_name, service } = request.params as { app_name: string; service: string };
+      const { branch } = request.query as { branch?: string };
+      const { replicas } = request.body as { replicas: number };
+      const r = await queue.scaleService({ caller: callerOf(request), appName: app_name, branch: branch ?? "", service, replicas, explicitGroup: request.explicitGroup });
+      return {
+        app_name: r.appName,
+        branch: r.branch,
+        service: r.service,
+        previous: r.previous,
+        requested: r.requested,
+        action_id: orNull(r.actionId),
+        preflight_action_id: null,
+        overlay_paths: r.overlayPaths,
+        image_tag: orNull(r.imageTag),
+        ...(r.noop ? { deployed: r.deployed ?? null } : {}),
+      };
+    },
+  );
+
+  app.patch(
+    "/api/apps/:app_name/primary-services",
+    {
+      config: { access: { scope: "deploy" } },
+      schema: {
+        tags: ["apps"],
+        summary: "Per-service primary overrides, effective immediately: a service marked false keeps its URL but leaves the app's `urls`.",
+        description: "Body `{primary: {<service_name>: boolean}}`; overrides merge with earlier ones. 404 for an undeclared service. Answers the app.",
+        params: appParams,
+        querystring: branchQuery,
+        body: {
+          type: "object",
+          properties: { primary: { type: "object", additionalProperties: { type: "boolean" }, minProperties: 1 } },
+          required: ["primary"],
+          additionalProperties: false,
+        },
+        response: { 200: { $ref: "App#" }, ...authErrors, ...bodyErrors },
+      },
+    },
+    async (request) => {
+      const { app_name } = request.params as { app_name: string };
+      const { branch } = request.query as { branch?: string };
+      const { primary } = request.body as { primary: Record<string, boolean> };
+      return appJson(await apps.setPrimaryServices({ caller: callerOf(request), appName: app_name, branch: branch ?? "", primary }), true);
+    },
   );
 
   app.post(

@@ -16,6 +16,8 @@ export const events = {
    * build id) and, with auto_deploy, the dependent DEPLOY.
    */
   buildRequested: "events.apps_builds.build_requested",
+  /** An app's live route must follow its visibility: deploy-queue queues a RECONCILE_ROUTING. */
+  reconcileRequested: "events.apps_builds.reconcile_requested",
   /** A queue action changed state (claimed, phase, finished); apps-builds keeps builds rows in step. */
   actionUpdated: "events.deploy_queue.action_updated",
 } as const;

@@ -10,6 +10,7 @@ import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
 import { resolveRelease } from "./domain/releases.ts";
+import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
 import { registerApp } from "./domain/registration.ts";
 import { requeuePreflight } from "./domain/preflight.ts";
@@ -142,6 +143,31 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
         const caller = requireCaller(req.caller);
         return ctx.read(async (em) => {
           const app = await findApp(em, caller, req.appName, req.branch || undefined);
+          const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
+          return appMsg(app, router, { lastBuild });
+        });
+      },
+
+      async setServiceReplicas(req) {
+        const caller = requireCaller(req.caller);
+        const r = await ctx.write((em) => setServiceReplicas(em, caller, req.appName, req.branch, req.service, req.replicas));
+        return {
+          appName: r.app.appName,
+          branch: r.app.branch,
+          groupSlug: r.app.groupSlug,
+          service: r.service,
+          previous: r.previous,
+          requested: r.requested,
+          noop: r.noop,
+          overlayPaths: r.overlayPaths,
+          imageTag: r.app.runningVersion ?? undefined,
+        };
+      },
+
+      async setPrimaryServices(req) {
+        const caller = requireCaller(req.caller);
+        return ctx.write(async (em) => {
+          const app = await setPrimaryServices(em, caller, req.appName, req.branch, req.primary);
           const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
           return appMsg(app, router, { lastBuild });
         });

@@ -12,7 +12,7 @@ import { deploymentMigrations } from "./migrations/0002_deployments.ts";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService } from "@platform/proto";
 import { routes } from "./rpc.ts";
-import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs } from "./workers.ts";
+import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs, startReconcileConsumer } from "./workers.ts";
 
 export type DeployQueueConfig = Config<typeof deployQueueEnv>;
 
@@ -26,8 +26,9 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);
+      const reconcile = await startReconcileConsumer(ctx);
       const jobs = startPeriodicJobs(ctx);
-      return [() => jobs.stop(), () => intake.stop(), () => heartbeats.stop()];
+      return [() => jobs.stop(), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
     },
   });
 }

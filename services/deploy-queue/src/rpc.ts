@@ -1,9 +1,9 @@
 /** Connect handlers of deploy-queue: thin translations between protobuf and the domain. */
-import type { Client, ConnectRouter } from "@connectrpc/connect";
+import { ConnectError, type Client, type ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type AppsBuildsService } from "@platform/proto";
 import { requireCaller, type Caller } from "@platform/caller";
-import { PlatformError } from "@platform/errors";
+import { fromConnectError, PlatformError } from "@platform/errors";
 import type { ServiceContext } from "@platform/service";
 import { Agent, type Action } from "./entities/index.ts";
 import { servicesStatus } from "./domain/services-status.ts";
@@ -13,7 +13,8 @@ import { claimAction, completeAction, reportProgress } from "./domain/claims.ts"
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
 import { deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, retryTarget } from "./domain/deployments.ts";
-import { serviceTargets, undeployBranch } from "./domain/app-actions.ts";
+import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
+import { deployedReplicas, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
 import { publishDispatched } from "./workers.ts";
 import { getVisibleAction } from "./domain/lookup.ts";
@@ -338,6 +339,44 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             url: urls.get(v.name) ?? undefined,
           })),
         };
+      },
+
+      async scaleService(req) {
+        const caller = requireCaller(req.caller);
+        const { branches } = await apps.listBranches({ caller, appName: req.appName });
+        const branch = scaleBranch(branches, req.branch);
+        const app = await apps.getApp({ caller, appName: req.appName, branch });
+        const target = { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch };
+        if (!app.services.some((s) => s.name === req.service)) {
+          throw PlatformError.notFound({ code: "service_not_declared", message: `App '${app.appName}' (branch ${app.branch}) declares no service '${req.service}'.`, service: req.service });
+        }
+        await ctx.read((em) => refuseScaleInFlight(em, target));
+        const saved = await apps.setServiceReplicas({ caller, appName: app.appName, branch: app.branch, service: req.service, replicas: req.replicas });
+        const base = { appName: saved.appName, branch: saved.branch, service: saved.service, previous: saved.previous, requested: saved.requested, overlayPaths: saved.overlayPaths, imageTag: saved.imageTag };
+        if (saved.noop) {
+          const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date()));
+          return { ...base, actionId: "", noop: true, deployed: deployed ?? undefined };
+        }
+        try {
+          const release = await apps.resolveRelease({ caller, appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true, explicitGroup: req.explicitGroup });
+          const dispatched: Dispatched[] = [];
+          const action = await ctx.write(async (em) => {
+            await refuseScaleInFlight(em, target);
+            return queueDeployment(
+              em,
+              caller,
+              { appName: release.appName, branch: release.branch, groupSlug: release.groupSlug, imageTag: release.imageTag, buildId: release.buildId, configPath: release.configPath, runningVersion: release.runningVersion },
+              { services: null, placementPlan: null, reason: "scale" },
+              new Date(),
+              dispatched,
+            );
+          });
+          await publishDispatched(ctx.bus, dispatched, ctx.logger);
+          return { ...base, actionId: action.id, noop: false };
+        } catch (err) {
+          const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date())).catch(() => null);
+          throw scaleSavedNotDeployed(err instanceof ConnectError ? fromConnectError(err) : err, { requested: saved.requested, previous: saved.previous, deployed });
+        }
       },
 
       async claimAction(req) {

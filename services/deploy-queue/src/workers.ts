@@ -11,6 +11,7 @@ import { acceptBuildRequest, parseBuildRequested, type BuildRequested } from "./
 import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 import { failOrphanedActions } from "./domain/orphans.ts";
+import { createAppAction } from "./domain/deployments.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const BUILD_REQUESTED_LEDGER = "deploy-queue.build-requested";
@@ -60,6 +61,42 @@ export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningC
       });
       if (handled) {
         // Committed: the agents get their work now rather than after the relay's next batch.
+        await publishDispatched(bus, dispatched, ctx.logger);
+        ctx.relay.kick();
+      }
+    },
+  });
+}
+
+export const RECONCILE_REQUESTED_DURABLE = "deploy-queue-reconcile-requested";
+
+/**
+ * `reconcile_requested` (a visibility flip in apps-builds) becomes a RECONCILE_ROUTING action on
+ * the host where the branch runs. Idempotent per event through the consumer's ledger.
+ */
+export function startReconcileConsumer(ctx: ServiceContext): Promise<RunningConsumer> {
+  const { bus } = ctx;
+  return runConsumer({
+    bus,
+    stream: subjects.streams(bus.prefix).events.name,
+    durable: RECONCILE_REQUESTED_DURABLE,
+    filterSubject: bus.subject(subjects.events.reconcileRequested),
+    logger: ctx.logger,
+    async handle(msg) {
+      const data = (msg.json<EventEnvelope>().data ?? {}) as Record<string, unknown>;
+      const [app, branch, group] = [data.app_name, data.branch, data.group_slug];
+      if (typeof app !== "string" || typeof branch !== "string" || typeof group !== "string") {
+        ctx.logger.error({ subject: msg.subject }, "malformed reconcile_requested event dropped");
+        msg.term("malformed reconcile_requested event");
+        return;
+      }
+      const dispatched: Dispatched[] = [];
+      const handled = await handleOnce(ctx.orm, "deploy-queue.reconcile-requested", msg, async (em) => {
+        dispatched.length = 0;
+        const by = typeof data.requested_by === "string" ? data.requested_by : "platform";
+        await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: group, appName: app, branch }, by, new Date(), dispatched);
+      });
+      if (handled) {
         await publishDispatched(bus, dispatched, ctx.logger);
         ctx.relay.kick();
       }

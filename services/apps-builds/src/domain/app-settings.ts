@@ -26,7 +26,8 @@
  */
 import { LockMode } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
-import type { EntityManager } from "@platform/db";
+import { enqueueEvent, type EntityManager } from "@platform/db";
+import { subjects } from "@platform/bus";
 import type { Caller } from "@platform/caller";
 import { checkAppConfig, checkConfigBounds, deriveFeatureFlags, renderAppConfigYaml, type AppConfig } from "@platform/app-config";
 import { App } from "../entities/index.ts";
@@ -256,11 +257,9 @@ export function readAppPatch(body: unknown): AppPatch {
 }
 
 /** The app row again, locked for this transaction and freshly read (no lost concurrent update). */
-async function lockApp(em: EntityManager, app: App): Promise<App> {
+export async function lockApp(em: EntityManager, app: App): Promise<App> {
   return em.findOneOrFail(App, { id: app.id }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true });
 }
-
-const VISIBILITY_WARNING = "Visibility changed to ";
 
 const FEATURE_FLAGS = [
   ["database", "databaseEnabled", "database_enabled"],
@@ -319,14 +318,10 @@ export async function updateApp(
   if (seed !== undefined) app.seedFromReference = seed ? seed.reference : null;
   if (patch.visibility !== undefined && patch.visibility !== app.visibility) {
     app.visibility = patch.visibility;
-    const others = app.warnings.filter((w) => !w.startsWith(VISIBILITY_WARNING));
-    app.warnings =
-      app.deployStatus === "undeployed"
-        ? others
-        : [
-            ...others,
-            `${VISIBILITY_WARNING}${patch.visibility}: the route reconcile could not be queued, so the live route converges at the next deploy of branch '${app.branch}'.`,
-          ];
+    // The reconcile is queued through the outbox, in this transaction: it cannot be lost.
+    if (app.deployStatus !== "undeployed") {
+      enqueueEvent(em, subjects.events.reconcileRequested, { app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, requested_by: caller.principalId || caller.kind });
+    }
   }
   // force_remove_domains: accepted; no custom domain can be attached yet.
 

@@ -66,3 +66,12 @@ export function serviceTargets(appName: string, services: ServiceShape[], named:
   }
   return { services: containers, skippedStatic };
 }
+
+/** Actions that change what containers run: a scale waits for none of them to be in flight. */
+export const CONTAINER_ACTION_TYPES = ["DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_ACTION"] as const;
+
+/** Scale's branch: the one asked for, else the running one, else production. */
+export function scaleBranch(branches: BranchState[], requested: string): string {
+  if (requested) return requested;
+  return (branches.find((b) => b.deployStatus === "running") ?? branches.find((b) => b.isProduction) ?? branches[0])?.branch ?? "";
+}

@@ -199,6 +199,11 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
 
 export async function queueAppAction(em: EntityManager, caller: Caller, input: AppActionInput, now: Date, dispatched?: Dispatched[]): Promise<Action> {
   if (!canAct(caller, input.groupSlug)) throw PlatformError.notFound(`App '${input.appName}' not found`);
+  return createAppAction(em, input, caller.principalId || caller.kind, now, dispatched);
+}
+
+/** Queues an app action on behalf of `createdBy` (a caller checked upstream, or the platform itself). */
+export async function createAppAction(em: EntityManager, input: AppActionInput, createdBy: string, now: Date, dispatched?: Dispatched[]): Promise<Action> {
   const id = randomUUID();
   const action = em.create(Action, {
     id,
@@ -222,7 +227,7 @@ export async function queueAppAction(em: EntityManager, caller: Caller, input: A
       service_name: input.serviceName ?? null,
       action: input.action ?? null,
     },
-    createdBy: caller.principalId || caller.kind,
+    createdBy,
     createdAt: now,
     updatedAt: now,
   });
