@@ -33,6 +33,7 @@ let service: RunningService;
 let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
 let bus: Bus;
 const preflights: EventEnvelope[] = [];
+const reconciles: EventEnvelope[] = [];
 
 const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
 const globex: Caller = makeCaller({ kind: "api_key", principalId: "k-globex", scope: "deploy", visibleGroups: ["globex"], selectedGroup: "globex" });
@@ -109,6 +110,7 @@ beforeAll(async () => {
   client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
   bus = await connectBus({ url: testNatsUrl(), name: "apps-builds-test", prefix });
   subscribe(bus, subjects.events.preflightRequested, (e) => void preflights.push(e), logger);
+  subscribe(bus, subjects.events.reconcileRequested, (e) => void reconciles.push(e), logger);
 
   await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY });
   await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: "staging" });
@@ -183,22 +185,20 @@ describe("PATCH an app", () => {
     expect((await row("web", "main")).configPath).toBe("platform.yaml");
   });
 
-  it("stores a visibility change; while deployed, warnings say the route converges at the next deploy", async () => {
+  it("stores a visibility change; while deployed, it queues a route reconcile through the outbox", async () => {
     const quiet = await patch({ visibility: "private" });
     expect(quiet.app).toMatchObject({ visibility: "private", warnings: [] });
 
     await setRow("web", "main", { deployStatus: "running", warnings: ["an unrelated warning"] });
+    const before = reconciles.length;
     const flipped = await patch({ visibility: "public" });
-    expect(flipped.app?.visibility).toBe("public");
-    expect(flipped.app?.warnings).toHaveLength(2);
-    expect(flipped.app?.warnings[0]).toBe("an unrelated warning");
-    expect(flipped.app?.warnings[1]).toMatch(/public.*converges at the next deploy/);
-    const back = await patch({ visibility: "private" });
-    expect(back.app?.warnings).toHaveLength(2);
-    expect(back.app?.warnings[1]).toMatch(/private.*converges at the next deploy/);
-    expect((await row("web", "main")).warnings).toEqual(back.app?.warnings);
-    // Sending the current value changes nothing.
-    expect((await patch({ visibility: "private" })).app?.warnings).toEqual(back.app?.warnings);
+    expect(flipped.app).toMatchObject({ visibility: "public", warnings: ["an unrelated warning"] });
+    await expect.poll(() => reconciles.length, { timeout: 10_000 }).toBe(before + 1);
+    expect(reconciles.at(-1)?.data).toMatchObject({ app_name: "web", branch: "main", group_slug: "acme" });
+    // Sending the current value changes nothing and queues nothing.
+    await patch({ visibility: "public" });
+    await new Promise((r) => setTimeout(r, 300));
+    expect(reconciles.length).toBe(before + 1);
 
     expect(await refusal(patch({ visibility: "secret" }))).toMatchObject({ status: 422, detail: { code: "invalid_value" } });
     await setRow("web", "main", { deployStatus: "undeployed", warnings: [], visibility: "public" });
