@@ -28,7 +28,7 @@ const queuedAction = {
   type: "object",
   properties: {
     action_id: { type: "string" },
-    deployment_id: { type: "string" },
+    deployment_id: { ...nullable, description: "The deploy's id; null for a rebuild (its deploy is queued with the build: see the queue's depends_on)." },
     app_name: { type: "string" },
     branch: { type: "string" },
     image_tag: nullable,
