@@ -76,6 +76,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
     },
     deployer: runtime.deployer,
+    resumable: runtime.resumable,
     onFinished: () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")),
   });
   // The server knows the subscriptions before the agent says it is ready.

@@ -39,6 +39,8 @@ const STOP_GRACE_MS = 10_000;
 export interface RuntimeHost {
   deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
   inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
+  /** Deploys in flight when the agent last stopped. */
+  resumable(): Array<{ actionId: string; actionType: string }>;
   close(): Promise<void>;
 }
 
@@ -128,6 +130,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
 
   return {
     deployer,
+    resumable: () => state.allInflight().map((d) => ({ actionId: d.actionId, actionType: "DEPLOY" })),
     inventory() {
       const running = new Set(driver.list().filter((r) => r.running).map((r) => r.spec.id));
       const inventory: InventoryEntry[] = state.apps().flatMap((a) =>

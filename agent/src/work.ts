@@ -8,7 +8,7 @@
 import type { Client } from "@connectrpc/connect";
 import { runConsumer, subjects, type Bus, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
 import type { Logger } from "@platform/logger";
-import type { DeployQueueService } from "@platform/proto";
+import type { Action as ActionMsg, DeployQueueService } from "@platform/proto";
 import { runBuild, type BuildDeps, type BuildJob, type LogLevel } from "./builder.ts";
 import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
 
@@ -45,6 +45,8 @@ export interface WorkOptions {
   deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
   /** After an action changed what runs here: the fleet should hear of it before the next heartbeat. */
   onFinished?(): void;
+  /** Actions this host had in flight when the agent last stopped (from its host state). */
+  resumable?(): Array<{ actionId: string; actionType: string }>;
 }
 
 export interface WorkLane {
@@ -55,6 +57,9 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const { bus, hostId, queue, logger } = opts;
   const streamName = subjects.streams(bus.prefix).work.name;
 
+  /** Actions this process is running: a redelivered message of one of them waits. */
+  const running = new Set<string>();
+
   const handle = async (msg: JsMsg) => {
     const envelope = msg.json<EventEnvelope>();
     const { action_id: actionId, action_type: actionType } = envelope.data as { action_id: string; action_type: string };
@@ -62,13 +67,29 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       msg.nak(UNSUPPORTED_RETRY_MS);
       return;
     }
-    const claim = await queue.claimAction({ actionId, hostId });
-    if (claim.drop) return;
-    if (!claim.claimed || !claim.action) {
-      msg.nak(ADMISSION_RETRY_MS);
+    if (running.has(actionId)) {
+      msg.nak(ACK_WAIT_MS);
       return;
     }
-    const action = claim.action;
+    const outcome = await claimAndRun(actionId, actionType, () => msg.working());
+    if (outcome === "refused") msg.nak(ADMISSION_RETRY_MS);
+  };
+
+  /** Claims the action and runs it; "refused" when admission said not now. */
+  const claimAndRun = async (actionId: string, actionType: string, working: () => void): Promise<"done" | "dropped" | "refused"> => {
+    const claim = await queue.claimAction({ actionId, hostId });
+    if (claim.drop) return "dropped";
+    if (!claim.claimed || !claim.action) return "refused";
+    running.add(actionId);
+    try {
+      await run(actionId, actionType, claim.action, working);
+    } finally {
+      running.delete(actionId);
+    }
+    return "done";
+  };
+
+  const run = async (actionId: string, actionType: string, action: ActionMsg, working: () => void) => {
     let phaseNow = "";
     const phase = async (name: string) => {
       phaseNow = name;
@@ -76,7 +97,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     };
     // JetStream must not redeliver a long action, and the queue must see it is alive (stuck_class).
     const keepAlive = setInterval(() => {
-      msg.working();
+      working();
       void queue.reportProgress({ actionId, hostId, phase: phaseNow, message: "" }).catch(() => undefined);
     }, ACK_WAIT_MS / 3);
     try {
@@ -145,9 +166,17 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     await runConsumer({ bus, stream: streamName, durable: `agent-${hostId}`, filterSubject: bus.subject(subjects.work.host(hostId)), logger, handle, ackWaitMs: ACK_WAIT_MS }),
   );
   consumers.push(await runConsumer({ bus, stream: streamName, durable: "agents-any", filterSubject: bus.subject(subjects.work.any), logger, handle, ackWaitMs: ACK_WAIT_MS }));
+  // Deploys this host had in flight when the agent stopped are taken up at once: the queue still
+  // has them claimed by this host, so the claim resumes them (the deployer finishes or cleans up).
+  const resumed = Promise.all(
+    (opts.resumable?.() ?? []).map(({ actionId, actionType }) =>
+      claimAndRun(actionId, actionType, () => undefined).catch((err: unknown) => logger.error({ err, action_id: actionId }, "resuming an action failed")),
+    ),
+  );
   return {
     async stop() {
       for (const c of consumers) await c.stop();
+      await resumed;
     },
   };
 }

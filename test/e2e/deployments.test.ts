@@ -284,6 +284,29 @@ describe("services", () => {
   });
 });
 
+describe("recovery", () => {
+  it("fails a deploy cleanly when its agent is killed before the swap, while the running app keeps serving", async () => {
+    const app = await getApp();
+    const url = app.urls[0] as string;
+    const serving = (await viaRouter(`${url}/`)).body;
+    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
+    await web.commit("slow again", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 8000);`) });
+    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+    const deployId = await waitFor(
+      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.phase === "health_check")?.id,
+      (id) => !!id,
+      120_000,
+    );
+    await fleet.restart("agent");
+    expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 60_000);
+    expect(done).toMatchObject({ status: "failed", error_message: expect.stringContaining("agent restarted during the deploy") });
+    expect(await appAfter("failed")).toMatchObject({ running_version: app.running_version, deploy_warning: expect.stringContaining("still serves") });
+    expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
+    await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services[0].status, { timeout: 30_000 }).toBe("running");
+  });
+});
+
 describe("scale, primary services and visibility", () => {
   const scale = (replicas: unknown) => call(api, "PATCH", `/apps/${APP}/services/web/replicas`, { credential: acme, body: { replicas } });
   const deployed = (id: string) => waitFor(async () => (await call(api, "GET", `/deployments/${id}`, { credential: acme })).body, (d) => ["completed", "failed"].includes(d.status), 60_000);

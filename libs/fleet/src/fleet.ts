@@ -93,6 +93,11 @@ export interface Fleet {
   process(name: string): FleetProcess | undefined;
   /** The collected output of one process, joined with newlines. */
   logs(name: string): string;
+  /**
+   * Ends one process with `signal` (default SIGKILL: a crash) and starts it again with the same
+   * environment and port; resolves once it is ready. For recovery tests.
+   */
+  restart(name: string, signal?: NodeJS.Signals): Promise<FleetProcess>;
   /** SIGTERM to every process, SIGKILL to those still running after 10 s. */
   stop(): Promise<void>;
 }
@@ -443,15 +448,34 @@ export async function startFleet(opts: StartFleetOptions): Promise<Fleet> {
     throw err;
   }
 
-  for (const p of procs) {
+  const replaced = new Set<Managed>();
+  const watch = (p: Managed) =>
     void p.exited.then(() => {
-      if (stopping) return;
+      if (stopping || replaced.has(p)) return;
       if (output === "prefix") {
         process.stdout.write(`${paint(color, 31, `[${p.name}]`)} exited (${p.exitDescription()})\n`);
       }
       opts.onExit?.(p);
     });
-  }
+  for (const p of procs) watch(p);
+
+  const restart = async (name: string, signal: NodeJS.Signals = "SIGKILL"): Promise<FleetProcess> => {
+    const i = procs.findIndex((p) => p.name === name);
+    const spec = specs.find((s) => s.name === name);
+    if (i === -1 || !spec) throw new Error(`no process named ${name} in this fleet`);
+    const old = procs[i]!;
+    replaced.add(old);
+    if (old.running()) old.child.kill(signal);
+    await old.exited;
+    await old.drained();
+    old.closeLogFile();
+    const p = start([spec])[0]!;
+    procs.splice(procs.indexOf(p), 1);
+    procs[i] = p;
+    watch(p);
+    await waitReady(p, readyTimeoutMs, opts.signal);
+    return p;
+  };
 
   const gateways = procs.filter((p) => p.kind === "gateway");
   return {
@@ -460,6 +484,7 @@ export async function startFleet(opts: StartFleetOptions): Promise<Fleet> {
     processes: procs,
     process: (name) => procs.find((p) => p.name === name),
     logs: (name) => procs.find((p) => p.name === name)?.logs().join("\n") ?? "",
+    restart,
     stop,
   };
 }

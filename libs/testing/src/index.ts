@@ -173,6 +173,8 @@ export interface TestFleet {
   processes: FleetProcess[];
   /** The collected output of one process (`identity`, `gateway`, `gateway-2`, `agent`, ...). */
   logs(name: string): string;
+  /** Kills one process (default SIGKILL) and starts it again; resolves once it is ready. */
+  restart(name: string, signal?: NodeJS.Signals): Promise<void>;
   /** Stops every process, drops the database and deletes the fleet's streams. */
   stop(): Promise<void>;
 }
@@ -278,6 +280,9 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
     routerUrl: `http://127.0.0.1:${routerPort}`,
     processes: started.processes,
     logs: (name) => started.logs(name),
+    async restart(name, signal) {
+      await started.restart(name, signal);
+    },
     stop() {
       stopped ??= started.stop().then(cleanup);
       return stopped;
