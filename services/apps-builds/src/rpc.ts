@@ -229,6 +229,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
               preflightStatus: a.preflightStatus,
               latestBuild: a.latestBuild ?? undefined,
               createdAt: iso(a.createdAt),
+              runningVersion: a.deployStatus === "undeployed" ? undefined : (a.runningVersion ?? undefined),
             }),
           ),
         };

@@ -49,6 +49,8 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
   const undeploy = u.action_type === "UNDEPLOY";
   app.lastDeployActionId = u.action_id;
   app.lastDeployStatus = u.status;
+  // Crash output describes only a failed latest deploy.
+  if (u.status !== "failed" || undeploy) app.lastCrashOutput = null;
   switch (u.status) {
     case "queued":
       return app;

@@ -8,9 +8,14 @@ export interface BranchState {
   branch: string;
   isProduction: boolean;
   deployStatus: string;
+  /** The tag serving there; absent when nothing serves (a failed first deploy serves nothing). */
+  runningVersion?: string;
 }
 
-const LIVE = new Set(["running", "deploying", "failed", "undeploy_failed"]);
+/** Something serves on the branch: it has a running version (rule 4: `failed` may still serve). */
+function serving(b: BranchState): boolean {
+  return !!b.runningVersion && b.deployStatus !== "undeployed";
+}
 
 /**
  * Undeploy's branch: the one asked for; else the live branch (several live: 409 naming one to
@@ -21,7 +26,7 @@ export function undeployBranch(appName: string, branches: BranchState[], request
     if (!branches.some((b) => b.branch === requested)) throw PlatformError.notFound(`App '${appName}' has no branch '${requested}'`);
     return requested;
   }
-  const live = branches.filter((b) => LIVE.has(b.deployStatus));
+  const live = branches.filter(serving);
   if (live.length === 1) return live[0]!.branch;
   if (live.length > 1) {
     throw PlatformError.conflict({
@@ -73,5 +78,5 @@ export const CONTAINER_ACTION_TYPES = ["DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_A
 /** Scale's branch: the one asked for, else the running one, else production. */
 export function scaleBranch(branches: BranchState[], requested: string): string {
   if (requested) return requested;
-  return (branches.find((b) => b.deployStatus === "running") ?? branches.find((b) => b.isProduction) ?? branches[0])?.branch ?? "";
+  return (branches.find(serving) ?? branches.find((b) => b.isProduction) ?? branches[0])?.branch ?? "";
 }

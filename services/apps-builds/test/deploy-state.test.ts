@@ -1,0 +1,386 @@
+/**
+ * What an app reports about where it serves and what serves (spec doc 1 sections 2.1 and 3.4):
+ *
+ * - front doors (`urls`, `services[].url`), rebuilt from the routing shape on every read: pure
+ *   functions over the app row;
+ * - deploy state (deploy_status, running_* rules 1-5, deploy_warning, last_deploy_*,
+ *   last_crash_output) as the queue's action_updated events move it: applyDeployUpdate against a
+ *   real Postgres, since it reads and writes the apps and builds rows.
+ */
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { serviceSchema } from "@platform/config";
+import { openDatabase, type EntityManager, type MikroORM } from "@platform/db";
+import { createTestDatabase, dropDatabase } from "@platform/testing";
+import { App, Build, entities } from "../src/entities/index.ts";
+import { variableEntities } from "../src/entities/variables.ts";
+import { migrations } from "../src/migrations/0001_apps.ts";
+import { buildMigrations } from "../src/migrations/0003_builds.ts";
+import { configMigrations } from "../src/migrations/0004_app_config.ts";
+import { variableMigrations } from "../src/migrations/0002_variables.ts";
+import { settingsMigrations } from "../src/migrations/0005_app_settings.ts";
+import { cloneDataMigrations } from "../src/migrations/0006_clone_data.ts";
+import { deploymentMigrations } from "../src/migrations/0007_deployments.ts";
+import { applyDeployUpdate, type DeployActionUpdate } from "../src/domain/deploy-state.ts";
+import { appUrls, frontDoorHost, isServing, publicHosts, serviceUrls, type RouterSettings } from "../src/domain/front-door.ts";
+
+// ---------------------------------------------------------------------------------------------
+// Front doors
+
+const router: RouterSettings = { environment: "staging", domain: "example.test", port: 80 };
+
+/** A container app with a web service at `/`, an api at `/api`, a mount-less http service and a worker. */
+function routedConfig(): Record<string, unknown> {
+  return {
+    type: "container",
+    services: {
+      web: { run: "node web.js", port: 8080, mount: "/" },
+      api: { run: "node api.js", port: 8081, mount: "/api" },
+      admin: { run: "node admin.js", port: 8082 },
+      worker: { run: "node worker.js", background: true },
+    },
+  };
+}
+
+type AddressedApp = Parameters<typeof serviceUrls>[0];
+
+function addressed(overrides: Partial<AddressedApp> = {}): AddressedApp {
+  return {
+    appName: "shop",
+    branchLabel: "feature-x",
+    isProduction: true,
+    visibility: "public",
+    baseConfig: routedConfig(),
+    overlay: {},
+    deployStatus: "running",
+    runningVersion: "main-1",
+    serviceNames: [],
+    primaryOverrides: {},
+    ...overrides,
+  };
+}
+
+describe("front door host (doc 1 section 2.1)", () => {
+  it("is <app>.<env>.<domain> for the production branch", () => {
+    expect(frontDoorHost(addressed(), router)).toBe("shop.staging.example.test");
+  });
+
+  it("is <app>-<branchLabel>.<env>.<domain> for another branch", () => {
+    expect(frontDoorHost(addressed({ isProduction: false }), router)).toBe("shop-feature-x.staging.example.test");
+  });
+
+  it("a private app has no public host", () => {
+    expect(publicHosts(addressed({ visibility: "private" }), router)).toEqual([]);
+    expect(publicHosts(addressed(), router)).toEqual(["shop.staging.example.test"]);
+  });
+});
+
+describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing shape on every read)", () => {
+  it("a service mounted at / is the bare front door, a path-mounted one adds its mount, unrouted ones have none", () => {
+    expect(serviceUrls(addressed(), router)).toEqual([
+      { name: "web", url: "http://shop.staging.example.test" },
+      { name: "api", url: "http://shop.staging.example.test/api" },
+      // An HTTP service without a mount is not routed on the front door.
+      { name: "admin", url: null },
+      // A background service has no port and no mount.
+      { name: "worker", url: null },
+    ]);
+    expect(appUrls(addressed(), router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
+  });
+
+  it("leaves port 80 out of URLs and writes any other router port", () => {
+    expect(appUrls(addressed(), { ...router, port: 8443 })).toEqual(["http://shop.staging.example.test:8443", "http://shop.staging.example.test:8443/api"]);
+  });
+
+  it("uses the branch host for a non-production branch", () => {
+    expect(appUrls(addressed({ isProduction: false }), router)[0]).toBe("http://shop-feature-x.staging.example.test");
+  });
+
+  it("a private app has no urls and no service urls", () => {
+    const app = addressed({ visibility: "private" });
+    expect(appUrls(app, router)).toEqual([]);
+    expect(serviceUrls(app, router).every((s) => s.url === null)).toBe(true);
+  });
+
+  it("nothing has a URL while nothing serves: undeployed, undeploying, or no running version", () => {
+    for (const app of [
+      addressed({ deployStatus: "undeployed", runningVersion: null }),
+      addressed({ deployStatus: "undeploying" }),
+      // Never deployed: a first deploy in flight serves nothing yet.
+      addressed({ deployStatus: "deploying", runningVersion: null }),
+    ]) {
+      expect(isServing(app)).toBe(false);
+      expect(appUrls(app, router)).toEqual([]);
+      expect(serviceUrls(app, router).map((s) => s.url)).toEqual([null, null, null, null]);
+    }
+  });
+
+  it("a failed deploy with an older version still serving keeps its front doors (rule 4)", () => {
+    expect(appUrls(addressed({ deployStatus: "failed", runningVersion: "main-1" }), router)).toHaveLength(2);
+  });
+
+  it("a service whose primary override is false is left out of urls but keeps its services[].url", () => {
+    const app = addressed({ primaryOverrides: { api: false } });
+    expect(appUrls(app, router)).toEqual(["http://shop.staging.example.test"]);
+    expect(serviceUrls(app, router).find((s) => s.name === "api")?.url).toBe("http://shop.staging.example.test/api");
+  });
+
+  it("follows a mount changed from the dashboard (the effective config, not the repository's)", () => {
+    const app = addressed({ overlay: { "services.api.mount": { value: "/v2", base: "/api" } } });
+    expect(serviceUrls(app, router).find((s) => s.name === "api")?.url).toBe("http://shop.staging.example.test/v2");
+  });
+
+  it("without a config yet, lists the known service names with no URL", () => {
+    expect(serviceUrls(addressed({ baseConfig: null, serviceNames: ["web"] }), router)).toEqual([{ name: "web", url: null }]);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+// Deploy state
+
+let databaseUrl: string;
+let orm: MikroORM;
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  orm = await openDatabase({
+    url: databaseUrl,
+    schema: serviceSchema("apps-builds"),
+    entities: [...entities, ...variableEntities],
+    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations, ...deploymentMigrations],
+    poolMax: 3,
+  });
+});
+
+afterAll(async () => {
+  await orm?.close(true);
+  if (databaseUrl) await dropDatabase(databaseUrl);
+});
+
+const write = <T>(fn: (em: EntityManager) => Promise<T>) => orm.em.fork().transactional(fn);
+const reload = (id: string) => orm.em.fork().findOneOrFail(App, { id });
+
+let counter = 0;
+/** Registers an app branch with the given deploy state and returns it. */
+async function registerApp(fields: Partial<App> = {}): Promise<App> {
+  counter += 1;
+  const appName = `shop${counter}`;
+  return write(async (em) =>
+    em.create(App, {
+      id: randomUUID(),
+      appName,
+      baseName: appName,
+      displayName: appName,
+      slug: appName,
+      groupSlug: "acme",
+      branch: "main",
+      branchLabel: "main",
+      repository: "https://git.example.test/acme/shop.git",
+      repositoryKey: `git.example.test/acme/shop${counter}`,
+      configPath: "platform.yaml",
+      description: "",
+      deployStatus: "undeployed",
+      visibility: "public",
+      isProduction: true,
+      latestBuild: null,
+      buildCount: 0,
+      databaseEnabled: false,
+      cacheEnabled: false,
+      emailEnabled: false,
+      preflightStatus: "ready",
+      preflightResult: null,
+      preflightNonce: 0,
+      serviceNames: ["web"],
+      warnings: [],
+      deployWarning: null,
+      primaryOverrides: {},
+      baseConfig: null,
+      overlay: {},
+      seedFromReference: null,
+      cloneData: null,
+      createdBy: "api_key:k",
+      ...fields,
+    }),
+  );
+}
+
+async function addBuild(app: App, tag: string): Promise<string> {
+  const id = randomUUID();
+  await write(async (em) => {
+    em.create(Build, {
+      id,
+      appId: app.id,
+      appName: app.appName,
+      displayName: app.displayName,
+      groupSlug: app.groupSlug,
+      branch: app.branch,
+      tag,
+      status: "completed",
+      queueStatus: "build_completed",
+      codebuildPhase: "COMPLETED",
+      images: [],
+      autoDeploy: true,
+      createdBy: "api_key:k",
+    });
+  });
+  return id;
+}
+
+/** An action_updated event for `app`, applied in a transaction; returns the app row as stored. */
+async function apply(app: App, u: Partial<DeployActionUpdate> & Pick<DeployActionUpdate, "action_type" | "status">): Promise<App> {
+  const update: DeployActionUpdate = { action_id: randomUUID(), app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, ...u };
+  const applied = await write((em) => applyDeployUpdate(em, update));
+  expect(applied?.id).toBe(app.id);
+  return reload(app.id);
+}
+
+describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4)", () => {
+  it("a claimed DEPLOY makes the app deploying and records it as the latest deploy", async () => {
+    const app = await registerApp();
+    const actionId = randomUUID();
+    const after = await apply(app, { action_id: actionId, action_type: "DEPLOY", status: "in_progress", image_tag: "main-1" });
+    expect(after).toMatchObject({ deployStatus: "deploying", lastDeployActionId: actionId, lastDeployStatus: "in_progress", runningVersion: null });
+  });
+
+  it("a completed DEPLOY makes it running with the release's tag, completion time and build id", async () => {
+    const app = await registerApp();
+    const buildId = randomUUID();
+    const after = await apply(app, {
+      action_type: "DEPLOY",
+      status: "completed",
+      image_tag: "main-1",
+      build_id: buildId,
+      completed_at: "2026-11-20T12:00:00.000Z",
+    });
+    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", runningBuildId: buildId, lastDeployStatus: "completed", lastDeployError: null });
+    expect(after.runningSince?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
+  });
+
+  it("rule 5: a no-build DEPLOY has no running_build_id (null, never a guess)", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", runningBuildId: randomUUID() });
+    const after = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1", build_id: null });
+    expect(after.runningBuildId).toBeNull();
+  });
+
+  it("rules 3 and 5: a successful RETRY reports the retried tag and no build id, even when the event carries one", async () => {
+    const app = await registerApp({ deployStatus: "failed", runningVersion: "main-1", runningBuildId: randomUUID() });
+    const after = await apply(app, { action_type: "RETRY", status: "completed", image_tag: "main-2", build_id: randomUUID(), completed_at: "2026-11-20T13:00:00.000Z" });
+    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-2", runningBuildId: null });
+  });
+
+  it("rule 4: a failed deploy over an older running version keeps running_* and warns naming both tags", async () => {
+    const buildId = randomUUID();
+    const since = new Date("2026-11-19T10:00:00.000Z");
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", runningBuildId: buildId, runningSince: since });
+    const lines = Array.from({ length: 40 }, (_, i) => `line ${i + 1}`);
+    const after = await apply(app, {
+      action_type: "DEPLOY",
+      status: "failed",
+      image_tag: "main-2",
+      error_message: "health check /healthz timed out",
+      result: { crash_output: { web: lines } },
+    });
+    expect(after).toMatchObject({
+      deployStatus: "failed",
+      runningVersion: "main-1",
+      runningBuildId: buildId,
+      lastDeployStatus: "failed",
+      lastDeployError: "health check /healthz timed out",
+    });
+    expect(after.runningSince?.getTime()).toBe(since.getTime());
+    expect(after.deployWarning).toContain("main-2");
+    expect(after.deployWarning).toContain("main-1");
+    // last_crash_output holds at most 30 lines per service: the last ones, where the crash is.
+    expect(after.lastCrashOutput).toEqual({ web: lines.slice(10) });
+  });
+
+  it("a failed first deploy (nothing running) has no deploy_warning; no crash output leaves last_crash_output null", async () => {
+    const app = await registerApp();
+    const after = await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-1", error_message: "image pull failed" });
+    expect(after).toMatchObject({ deployStatus: "failed", runningVersion: null, deployWarning: null, lastCrashOutput: null, lastDeployError: "image pull failed" });
+  });
+
+  it("a failed deploy without an error message still reports one", async () => {
+    const app = await registerApp();
+    const after = await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-1" });
+    expect(after.lastDeployError).toBe("The deploy failed.");
+  });
+
+  it("a later successful deploy clears the failure: no warning, error or crash output", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", result: { crash_output: { web: ["boom"] } } });
+    const after = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-3" });
+    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-3", deployWarning: null, lastDeployError: null, lastCrashOutput: null });
+  });
+
+  it("crash output describes only a failed latest deploy: the next deploy's start clears it", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", result: { crash_output: { web: ["boom"] } } });
+    expect((await apply(app, { action_type: "DEPLOY", status: "queued", image_tag: "main-3" })).lastCrashOutput).toBeNull();
+  });
+
+  it("a cancelled deploy goes back to running when something serves", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    await apply(app, { action_type: "DEPLOY", status: "in_progress", image_tag: "main-2" });
+    const after = await apply(app, { action_type: "DEPLOY", status: "cancelled", image_tag: "main-2" });
+    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", lastDeployStatus: "cancelled" });
+  });
+
+  it("a cancelled first deploy goes back to undeployed", async () => {
+    const app = await registerApp();
+    await apply(app, { action_type: "DEPLOY", status: "in_progress", image_tag: "main-1" });
+    const after = await apply(app, { action_type: "DEPLOY", status: "cancelled", image_tag: "main-1" });
+    expect(after).toMatchObject({ deployStatus: "undeployed", runningVersion: null });
+  });
+
+  it("ignores an update for an app branch it does not know", async () => {
+    const missing = await write((em) =>
+      applyDeployUpdate(em, { action_id: randomUUID(), action_type: "DEPLOY", status: "completed", app_name: "nope", branch: "main", group_slug: "acme" }),
+    );
+    expect(missing).toBeNull();
+  });
+});
+
+describe("deploy state from UNDEPLOY actions (doc 1 sections 2.1 rule 4 and 4.5)", () => {
+  it("an UNDEPLOY in flight makes the app undeploying", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    expect((await apply(app, { action_type: "UNDEPLOY", status: "in_progress" })).deployStatus).toBe("undeploying");
+  });
+
+  it("a completed UNDEPLOY makes it undeployed with every running_* field null and the warning suppressed", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", runningBuildId: randomUUID(), runningSince: new Date() });
+    await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-2" });
+    expect((await reload(app.id)).deployWarning).not.toBeNull();
+    const after = await apply(app, { action_type: "UNDEPLOY", status: "completed" });
+    expect(after).toMatchObject({ deployStatus: "undeployed", runningVersion: null, runningSince: null, runningBuildId: null, deployWarning: null, lastCrashOutput: null });
+  });
+
+  it("a failed UNDEPLOY is undeploy_failed and still reports the tag", async () => {
+    const buildId = randomUUID();
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", runningBuildId: buildId });
+    const after = await apply(app, { action_type: "UNDEPLOY", status: "failed", error_message: "router unreachable" });
+    expect(after).toMatchObject({ deployStatus: "undeploy_failed", runningVersion: "main-1", runningBuildId: buildId, lastDeployError: "router unreachable" });
+  });
+
+  it("a completed UNDEPLOY without purge keeps the branch's builds", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", latestBuild: "main-1" });
+    await addBuild(app, "main-1");
+    const after = await apply(app, { action_type: "UNDEPLOY", status: "completed", result: { purge: false } });
+    expect(after.latestBuild).toBe("main-1");
+    expect(await orm.em.fork().count(Build, { appId: app.id })).toBe(1);
+  });
+
+  it("a completed UNDEPLOY with purge deletes the branch's builds (their images are gone) and clears latest_build", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-2", latestBuild: "main-2" });
+    await addBuild(app, "main-1");
+    await addBuild(app, "main-2");
+    // Another branch of the same app keeps its builds.
+    const other = await registerApp({ appName: app.appName, branch: "dev", branchLabel: "dev", isProduction: false });
+    await addBuild(other, "dev-1");
+
+    const after = await apply(app, { action_type: "UNDEPLOY", status: "completed", result: { purge: true } });
+    expect(after).toMatchObject({ deployStatus: "undeployed", latestBuild: null, runningVersion: null });
+    expect(await orm.em.fork().count(Build, { appId: app.id })).toBe(0);
+    expect(await orm.em.fork().count(Build, { appId: other.id })).toBe(1);
+  });
+});
