@@ -35,6 +35,7 @@ interface ComposeService {
   logging?: unknown;
   ports?: string[];
   volumes?: string[];
+  network_mode?: string;
 }
 
 interface ComposeFile extends Json {
@@ -50,7 +51,8 @@ const dockerfile = readFileSync(path.join(ROOT, "deploy/Dockerfile"), "utf8");
 const dockerignore = readFileSync(path.join(ROOT, ".dockerignore"), "utf8");
 const natsConf = readFileSync(path.join(ROOT, "deploy/nats/nats.conf"), "utf8");
 
-const INFRA = ["postgres", "nats", "jaeger"] as const;
+/** Not processes of the code: the infrastructure, and the agent's router (Caddy, driven by the agent). */
+const INFRA = ["postgres", "nats", "jaeger", "router"] as const;
 
 function service(name: string): ComposeService {
   const s = compose.services[name];
@@ -249,6 +251,24 @@ describe("docker-compose.yml: published ports", () => {
     const f = facts("gateway");
     expect(service("gateway").ports).toEqual([`${f.port}:${f.port}`]);
     for (const name of SERVICES) expect(service(name).ports, name).toBeUndefined();
+  });
+
+  it("the router is Caddy in the agent's network namespace, publishing PLATFORM_ROUTER_PORT", () => {
+    const router = service("router");
+    expect(router.image).toMatch(/^caddy:2\./);
+    expect(router.command).toEqual(["caddy", "run"]);
+    // One namespace: Caddy proxies to replicas on the agent's loopback, the agent drives Caddy's
+    // admin API on loopback. Ports belong to the namespace's owner.
+    const shared = [router.network_mode, service("agent").network_mode];
+    expect(shared.filter((m) => m !== undefined), "exactly one joins the other").toHaveLength(1);
+    expect(shared).toContain(router.network_mode === undefined ? "service:router" : "service:agent");
+    const owner = router.network_mode === undefined ? router : service("agent");
+    const joiner = router.network_mode === undefined ? service("agent") : router;
+    expect(joiner.ports).toBeUndefined();
+    const port = composeEnv("agent")["PLATFORM_ROUTER_PORT"];
+    expect(port, "PLATFORM_ROUTER_PORT set for the agent").toBeDefined();
+    expect(owner.ports ?? []).toContain(`${port}:${port}`);
+    expect(composeEnv("agent")["AGENT_ROUTER_ADMIN_URL"]).toBe("http://127.0.0.1:2019");
   });
 });
 

@@ -219,8 +219,8 @@ describe("cancel", () => {
     );
     const r = await call(api, "POST", `/deployments/${deployId}/cancel`, { credential: acme });
     expect(r.body).toMatchObject({ status: "cancel_requested", cancel_requested: true });
-    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 60_000);
-    expect(done.status).toBe("cancelled");
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);
+    expect(done).toMatchObject({ status: "cancelled", phase: "health_check" });
     expect(await appAfter("cancelled")).toMatchObject({ running_version: serving, deploy_status: "running" });
   });
 
@@ -299,7 +299,7 @@ describe("recovery", () => {
     );
     await fleet.restart("agent");
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
-    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 60_000);
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);
     expect(done).toMatchObject({ status: "failed", error_message: expect.stringContaining("agent restarted during the deploy") });
     expect(await appAfter("failed")).toMatchObject({ running_version: app.running_version, deploy_warning: expect.stringContaining("still serves") });
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
@@ -368,6 +368,15 @@ describe("undeploy", () => {
     await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
     expect(await getApp()).toMatchObject({ running_version: null, running_since: null, running_build_id: null, deploy_warning: null, urls: [], services: [{ name: "web", url: null }] });
     expect((await viaRouter(`${url}/`)).status).toBe(404);
+  });
+
+  it("with purge also deletes the branch's images and builds", async () => {
+    expect((await call(api, "GET", `/builds?app_name=${APP}`, { credential: acme })).body.total).toBeGreaterThan(0);
+    const r = await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: { branch: "main", purge: true } });
+    expect(r.body).toMatchObject({ branch: "main", purge: true });
+    await expect.poll(async () => (await call(api, "GET", `/builds?app_name=${APP}`, { credential: acme })).body.total, { timeout: 30_000 }).toBe(0);
+    expect(await getApp()).toMatchObject({ deploy_status: "undeployed", latest_build: null });
+    expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP } })).status).toBe(400);
   });
 });
 

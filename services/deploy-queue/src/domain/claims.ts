@@ -166,8 +166,9 @@ export async function reportProgress(em: EntityManager, report: ProgressReport, 
   if (action.status !== "in_progress" || action.claimedBy !== report.hostId) return { cancelRequested: true };
   action.progressAt = now;
   const phase = report.phase.trim();
-  // A cancel that came first wins: the swap is not committed and the agent stops.
-  if (marksSwapCommit(phase) && !action.swapCommittedAt && action.cancelRequested) return { cancelRequested: true };
+  // A cancel that came first wins: the agent stops instead of entering the phase (and before the
+  // swap, the swap is never committed).
+  if (action.cancelRequested && !isPastPointOfNoReturn(action)) return { cancelRequested: true };
   if (phase && phase !== action.phase) {
     action.phase = phase;
     if (marksSwapCommit(phase) && !action.swapCommittedAt) action.swapCommittedAt = now;
