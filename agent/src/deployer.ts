@@ -27,6 +27,10 @@ import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import type { Supervisor } from "./supervisor.ts";
 
 export const CRASH_TAIL_LINES = 30;
+/** How often a starting replica's health path is asked. */
+const HEALTH_POLL_MS = 100;
+/** How long a replica without a health check must stay up to pass. */
+const UNCHECKED_UPTIME_MS = 500;
 
 /** The payload of a DEPLOY/RETRY/UNDEPLOY/SERVICE_ACTION/RECONCILE_ROUTING action. */
 export interface DeployJob {
@@ -331,9 +335,12 @@ export class Deployer {
           emit("info", `Replica ${r.index + 1} answers ${svc.health}`, r.service);
         }
       }
-      // Services without a health check must at least stay up for a moment.
       if (waiting.size === 0) {
-        await sleep(500);
+        // A replica without a health check passes by staying up for a moment; one that answered
+        // its health path has shown it is up.
+        const unchecked = replicas.some((r) => r.port === null || !app.services[r.service]!.health);
+        if (!unchecked) return;
+        await sleep(UNCHECKED_UPTIME_MS);
         const died = replicas.filter((r) => !this.#running(r.id));
         if (died.length === 0) return;
         continue;
@@ -342,7 +349,7 @@ export class Deployer {
         const names = [...new Set(replicas.filter((r) => waiting.has(r.id)).map((r) => r.service))];
         throw new DeployFailure(`Service ${names.join(", ")} did not pass its health check within ${Math.round(this.#d.healthTimeoutMs / 1000)} s.`);
       }
-      await sleep(250);
+      await sleep(HEALTH_POLL_MS);
     }
   }
 
