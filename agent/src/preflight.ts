@@ -85,6 +85,8 @@ export interface PreflightResult {
 export interface GitPreflightReply {
   status: PreflightStatus;
   result: PreflightResult | null;
+  /** The valid config as authored (status ready only): apps-builds' base layer until a build. */
+  config?: Record<string, unknown>;
   /** The commit of the branch that was read (absent when it could not be read). */
   commit?: string;
 }
@@ -483,13 +485,16 @@ export async function gitPreflight(value: unknown, deps: PreflightDeps): Promise
       return reply("config_invalid", "config_invalid", `${configPath.path} has ${n} problem${n === 1 ? "" : "s"}.`, { errors: config.errors }, commit);
     }
     const services = Object.keys(config.config.services ?? {});
-    return reply(
-      "ready",
-      "ready",
-      `${configPath.path} at ${commit.slice(0, 12)} is valid (${services.length} service${services.length === 1 ? "" : "s"}).`,
-      { services },
-      commit,
-    );
+    return {
+      ...reply(
+        "ready",
+        "ready",
+        `${configPath.path} at ${commit.slice(0, 12)} is valid (${services.length} service${services.length === 1 ? "" : "s"}).`,
+        { services },
+        commit,
+      ),
+      config: config.config as Record<string, unknown>,
+    };
   } finally {
     await rm(clone, { recursive: true, force: true });
   }

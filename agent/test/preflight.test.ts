@@ -36,12 +36,13 @@ async function expectNoClones() {
 }
 
 describe("gitPreflight: the four answers", () => {
-  it("ready: a valid platform.yaml, with its service names and the commit read", async () => {
+  it("ready: a valid platform.yaml, with its service names, the commit read and the config as authored", async () => {
     const reply = await gitPreflight({ repository: repos.nodeWeb.url, branch: "main", config_path: "platform.yaml" }, deps);
     expect(reply).toEqual({
       status: "ready",
       result: { reason: "ready", detail: expect.stringContaining("platform.yaml"), services: ["web"], missing_paths: [], errors: [] },
       commit: repos.nodeWeb.head,
+      config: { type: "container", services: { web: expect.objectContaining({ run: "node server.js", port: 8080, mount: "/" }) } },
     });
     await expectNoClones();
   });

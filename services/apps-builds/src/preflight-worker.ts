@@ -28,6 +28,8 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
       // No agent listening fails at once ("no responders"); the message is redelivered later.
       const reply = await bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS });
       const answer = reply.json<PreflightAnswer>();
+      // The agent itself failed (no git, no disk): transient, so ask again rather than record it.
+      if (answer.result?.reason === "agent_error") throw new Error(`preflight agent error: ${answer.result.detail}`);
       await handleOnce(ctx.orm, "apps-builds.preflight", msg, async (em) => {
         const app = await em.findOne(App, { id: request.app_id });
         if (app && applyPreflightAnswer(app, request.nonce, answer)) {

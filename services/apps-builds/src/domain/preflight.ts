@@ -22,6 +22,8 @@ export interface PreflightRequest {
 export interface PreflightAnswer {
   status: Exclude<PreflightStatus, "pending" | "exempt">;
   result: PreflightResultData | null;
+  /** A valid config as authored at the branch's HEAD (status ready). */
+  config?: Record<string, unknown>;
 }
 
 /** Queues a preflight for the app (through the outbox); returns its action id. */
@@ -44,6 +46,8 @@ export function applyPreflightAnswer(app: App, nonce: number, answer: PreflightA
   app.preflightStatus = answer.status;
   app.preflightResult = answer.result;
   if (answer.status === "ready" && answer.result) app.serviceNames = answer.result.services;
+  // Until a build reads it, the base layer is the config the preflight found (spec 4.4 layers).
+  if (answer.status === "ready" && answer.config && !app.baseConfig) app.baseConfig = answer.config;
   return true;
 }
 
