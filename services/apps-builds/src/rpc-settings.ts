@@ -4,6 +4,7 @@ import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { requireCaller } from "@platform/caller";
 import { readConfigLayers, saveAppConfig, setProductionBranch, updateApp } from "./domain/app-settings.ts";
 import type { Overlay } from "./domain/overlay.ts";
+import { buildCounts } from "./domain/builds.ts";
 import { appMsg, routerSettings, type AppsBuildsContext, type Handlers } from "./rpc.ts";
 
 /** A JSON body carried as a `google.protobuf.Value`; undefined when none was sent. */
@@ -19,8 +20,11 @@ export function settingsHandlers(ctx: AppsBuildsContext): Handlers {
     async updateApp(req) {
       const caller = requireCaller(req.caller);
       const body = bodyOf(req.patch);
-      const r = await ctx.write((em) => updateApp(em, caller, req.appName, req.branch || undefined, body));
-      return { app: appMsg(r.app, routerSettings(ctx.config)), preflightActionId: r.preflightActionId ?? undefined };
+      const r = await ctx.write(async (em) => {
+        const updated = await updateApp(em, caller, req.appName, req.branch || undefined, body);
+        return { ...updated, builds: (await buildCounts(em, [updated.app])).get(updated.app.id) ?? 0 };
+      });
+      return { app: appMsg(r.app, routerSettings(ctx.config), r.builds), preflightActionId: r.preflightActionId ?? undefined };
     },
 
     async setProductionBranch(req) {

@@ -10,6 +10,7 @@ import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
 import { resolveRelease } from "./domain/releases.ts";
+import { buildCounts } from "./domain/builds.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
 import { registerApp } from "./domain/registration.ts";
@@ -27,7 +28,8 @@ export interface SingleAppExtras {
   lastBuild: Build | null;
 }
 
-export function appMsg(a: App, router: RouterSettings, single?: SingleAppExtras): AppMsg {
+/** `builds`: the app's build_count (see buildCounts). */
+export function appMsg(a: App, router: RouterSettings, builds: number, single?: SingleAppExtras): AppMsg {
   const undeployed = a.deployStatus === "undeployed";
   return create(AppSchema, {
     id: a.id,
@@ -43,7 +45,7 @@ export function appMsg(a: App, router: RouterSettings, single?: SingleAppExtras)
     visibility: a.visibility,
     isProduction: a.isProduction,
     latestBuild: a.latestBuild ?? undefined,
-    buildCount: a.buildCount,
+    buildCount: builds,
     // Null whenever nothing serves (spec 2.1 rule 4).
     runningVersion: undeployed ? undefined : (a.runningVersion ?? undefined),
     runningBuildId: undeployed ? undefined : (a.runningBuildId ?? undefined),
@@ -127,7 +129,8 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
             policy,
           ),
         );
-        return { app: appMsg(app, router), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled
+        // A new registration has no builds; one made by a build request's auto-registration neither.
+        return { app: appMsg(app, router, app.buildCount), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled
             ? { sourceBranch: cloneDataScheduled.source_branch, components: cloneDataScheduled.components }
             : undefined,
         };
@@ -135,8 +138,11 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
 
       async listApps(req) {
         const caller = requireCaller(req.caller);
-        const apps = await ctx.read((em) => listApps(em, caller, req.allGroups));
-        return { items: apps.map((a) => appMsg(a, router)), total: apps.length };
+        const { apps, counts } = await ctx.read(async (em) => {
+          const apps = await listApps(em, caller, req.allGroups);
+          return { apps, counts: await buildCounts(em, apps) };
+        });
+        return { items: apps.map((a) => appMsg(a, router, counts.get(a.id) ?? 0)), total: apps.length };
       },
 
       async getApp(req) {
@@ -144,7 +150,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
         return ctx.read(async (em) => {
           const app = await findApp(em, caller, req.appName, req.branch || undefined);
           const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
-          return appMsg(app, router, { lastBuild });
+          return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
         });
       },
 
@@ -169,7 +175,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
         return ctx.write(async (em) => {
           const app = await setPrimaryServices(em, caller, req.appName, req.branch, req.primary);
           const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
-          return appMsg(app, router, { lastBuild });
+          return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
         });
       },
 

@@ -92,7 +92,6 @@ export async function triggerBuild(
     deployActionId: autoDeploy ? randomUUID() : null,
     createdBy,
   });
-  app.buildCount += 1;
   const event: BuildRequested = {
     build_id: build.id,
     deploy_action_id: build.deployActionId ?? null,
@@ -107,6 +106,26 @@ export async function triggerBuild(
   };
   enqueueEvent(em, subjects.events.buildRequested, { ...event });
   return { build, app, registered };
+}
+
+/**
+ * build_count (spec 3.1: "build_count incremented" by every accepted build) is the number of the
+ * branch's builds rows plus those a purge deleted (`apps.build_count`). Counting rows on read keeps
+ * the app row out of POST /api/builds: concurrent builds of one app would otherwise queue on it.
+ */
+export async function buildCounts(em: EntityManager, apps: App[]): Promise<Map<string, number>> {
+  const counts = new Map(apps.map((a) => [a.id, a.buildCount]));
+  if (apps.length === 0) return counts;
+  const rows = await em
+    .getConnection()
+    .execute<{ app_id: string; n: number }[]>(
+      "select app_id, count(*)::int as n from builds where app_id in (?) group by app_id",
+      [apps.map((a) => a.id)],
+      "all",
+      em.getTransactionContext(),
+    );
+  for (const r of rows) counts.set(r.app_id, (counts.get(r.app_id) ?? 0) + Number(r.n));
+  return counts;
 }
 
 const ID_PREFIX = /^[0-9a-f-]{8,36}$/i;

@@ -69,7 +69,7 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         app.runningBuildId = null;
         if (u.result?.purge === true) {
           // purge: the images went with the undeploy; the builds that made them go too.
-          await em.nativeDelete(Build, { appId: app.id });
+          app.buildCount += await em.nativeDelete(Build, { appId: app.id });
           app.latestBuild = null;
         }
       } else {

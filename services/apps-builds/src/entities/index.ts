@@ -32,6 +32,7 @@ export const AppSchema = defineEntity({
     visibility: p.text(),
     isProduction: p.boolean(),
     latestBuild: p.text().nullable(),
+    /** Builds counted whose rows a purge deleted; build_count adds the rows there are (buildCounts). */
     buildCount: p.integer(),
     runningVersion: p.text().nullable(),
     runningBuildId: p.uuid().nullable(),
