@@ -7,6 +7,7 @@ import { authErrors, commonQuery } from "../schemas.ts";
 
 const SOURCES = ["agent", "deploy", "build", "container", "backup"] as const;
 const LEVELS = ["info", "warning", "error"] as const;
+const CONTAINER_REASONS = ["no_log_group", "no_output_yet"] as const;
 const nullableString = { type: ["string", "null"] } as const;
 const idParam = (what: string) =>
   ({
@@ -78,8 +79,10 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
         summary: "Log lines, newest first. Plain polling: a follow client asks again with a narrower since.",
         description:
           "Without app_name a tenant reads its group's lines; operators read every group's unless they select one. " +
-          "Source semantics: `agent`, `backup` and `container` match that source exactly; `deploy` matches deploy lines and agent lines " +
-          "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds with lines in the window (or of the build an id names). " +
+          "Source semantics: `agent` and `backup` match that source exactly; `deploy` matches deploy lines and agent lines " +
+          "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds with lines in the window (or of the build an id names); " +
+          "`container` reads the replicas' stdout and stderr as the log collector shipped them, which includes the output a crashed replica left " +
+          "(the crash tail of a failed deploy is that same output, so it is not repeated). An empty container answer carries `reason`. " +
           "`total` is exact up to 10 000 (or offset + limit when larger); past that it reports that bound plus one, and has_more stays exact. " +
           "When the log store is unreachable the answer is still 200: empty logs and an `error` text.",
         querystring: {
@@ -108,6 +111,14 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
               total: { type: "integer" },
               has_more: { type: "boolean" },
               error: { type: "string", description: "Present, with empty logs, when the log store is unreachable." },
+              reason: {
+                type: "string",
+                enum: CONTAINER_REASONS,
+                description:
+                  "Present only when source is container and nothing matched (total 0, no error): `no_log_group` when no container output " +
+                  "was ever stored for that app, service_name and branch (nothing deployed there); `no_output_yet` when there was, but none " +
+                  "in the window and filters.",
+              },
             },
             required: ["logs", "total", "has_more"],
           },
@@ -133,12 +144,13 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
         branch: q.branch ?? "",
         explicitGroup: request.explicitGroup,
       });
-      const body: { logs: ReturnType<typeof rowJson>[]; total: number; has_more: boolean; error?: string } = {
+      const body: { logs: ReturnType<typeof rowJson>[]; total: number; has_more: boolean; error?: string; reason?: string } = {
         logs: r.logs.map(rowJson),
         total: r.total,
         has_more: r.hasMore,
       };
       if (r.error !== undefined) body.error = r.error;
+      if (r.reason !== undefined) body.reason = r.reason;
       return body;
     },
   );

@@ -7,6 +7,7 @@ import { startService, type RunningService, type ServiceConfig } from "@platform
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
+import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
@@ -30,7 +31,7 @@ export async function build(
     name: "health-aggregator",
     config,
     entities,
-    migrations: [...migrations, ...logBuildsMigrations],
+    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations],
     // Called after onStart, which has opened the store.
     routes: (ctx) => routes(ctx, store!),
     async onStart(ctx) {

@@ -50,6 +50,7 @@ export function routes(ctx: ServiceContext, store: LogStore) {
           total: page.total,
           hasMore: page.hasMore,
           error: page.error,
+          reason: page.reason,
         };
       },
     });

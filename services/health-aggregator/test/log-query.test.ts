@@ -8,6 +8,7 @@ import {
   appNameKey,
   checkLogId,
   groupScope,
+  logGroupSql,
   logSql,
   normaliseLogQuery,
   pageTotals,
@@ -144,6 +145,37 @@ describe("logSql", () => {
     for (const id of [{ buildId: "abc" }, { actionId: "abc" }, { deploymentId: "abc" }]) {
       expect(logSql(normaliseLogQuery({ source: "build", ...id }, now), { kind: "all" }).page.text).not.toContain("log_builds");
     }
+  });
+
+  it("reads container, agent and backup as exactly that source", () => {
+    expect(logSql(normaliseLogQuery({ source: "container" }, now), { kind: "all" }).page.text).toContain("and source = 'container' order by");
+    for (const source of ["agent", "backup"]) {
+      const { page } = logSql(normaliseLogQuery({ source }, now), { kind: "all" });
+      expect(page.text, source).toMatch(/and source = \$2 order by/);
+      expect(page.values[1], source).toBe(source);
+    }
+  });
+});
+
+describe("logGroupSql", () => {
+  it("looks for a log group of the app, branch and service given, within the caller's group", () => {
+    const q = normaliseLogQuery({ appName: "My Shop", branch: "main", serviceName: "web", source: "container" }, now);
+    const sql = logGroupSql(q, { kind: "group", slug: "acme" });
+    expect(sql.text).toBe(
+      "select exists (select 1 from log_groups g where g.group_slug = $1 and g.app_name = $2 and g.branch = $3 and g.service_name = $4) as found",
+    );
+    expect(sql.values).toEqual(["acme", "my-shop", "main", "web"]);
+    expect(logGroupSql(normaliseLogQuery({ source: "container" }, now), { kind: "all" })).toEqual({
+      text: "select exists (select 1 from log_groups g) as found",
+      values: [],
+    });
+  });
+
+  it("finds the app an id names through the lines that carry it", () => {
+    const sql = logGroupSql(normaliseLogQuery({ appName: "shop", deploymentId: "ABC-1", source: "container" }, now), { kind: "all" });
+    expect(sql.text).toContain("exists (select 1 from log_lines l where l.deployment_id = $1 and l.app_name = g.app_name)");
+    expect(sql.text).not.toContain("g.app_name = $");
+    expect(sql.values).toEqual(["abc-1"]);
   });
 });
 

@@ -443,15 +443,160 @@ describe("queries", () => {
   });
 });
 
+// The agent's lines of one deploy that failed its health checks (ids as above).
+const KIOSK_DEPLOY = "de0de0de-0000-4000-8000-000000000003";
+const KIOSK_ACTION = "acacacac-0000-4000-8000-000000000003";
+
+describe("the agent's lines: source semantics and why a container answer is empty", () => {
+  const kiosk = { app_name: "kiosk", group_slug: "initech", branch: "main" };
+  const replica = (stream: "stdout" | "stderr") => ({ replica: 1, stream, colour: "blue", tag: "main-1a2b" });
+  const deployOf = { deployment_id: KIOSK_DEPLOY, action_id: KIOSK_ACTION };
+  const webFirstSeen = ago(19 * MIN);
+  const webLastSeen = ago(17.5 * MIN);
+  const workerSeen = ago(3 * HOUR);
+
+  beforeAll(async () => {
+    const crash = "Error: cannot find module ./server.js";
+    const lines: LogLineInput[] = [
+      { ...kiosk, ...deployOf, ts: ago(20 * MIN), source: "deploy", service_name: "web", message: "deploy phase pulling image kiosk-web:main-1a2b" },
+      { ...kiosk, ts: webFirstSeen, source: "container", service_name: "web", metadata: replica("stdout"), message: "kiosk listening on :3000" },
+      { ...kiosk, ...deployOf, ts: ago(18 * MIN), source: "deploy", service_name: "web", message: "deploy phase health checks for web" },
+      // The replica's own output, shipped by the collector; the agent ships the same crash tail
+      // again as a deploy error line.
+      { ...kiosk, ts: webLastSeen, source: "container", level: "error", service_name: "web", metadata: replica("stderr"), message: crash },
+      { ...kiosk, ...deployOf, ts: ago(17 * MIN), source: "deploy", level: "error", service_name: "web", message: crash },
+      { ...kiosk, deployment_id: KIOSK_DEPLOY, ts: ago(16.5 * MIN), source: "agent", service_name: "web", message: "rolled back kiosk web to the previous release" },
+      // Supervisor events: no deployment.
+      { ...kiosk, ts: ago(16 * MIN), source: "agent", level: "warning", service_name: "web", message: "replica kiosk-web-1 crashed (exit 1); restarting" },
+      { ...kiosk, ts: ago(15 * MIN), source: "agent", service_name: "web", message: "replica kiosk-web-1 restarted" },
+      { ...kiosk, branch: "preview", ts: ago(4 * MIN), source: "agent", message: "preview branch registered" },
+      { ...kiosk, ts: workerSeen, source: "container", service_name: "worker", metadata: replica("stdout"), message: "worker drained the queue" },
+      // An app with deploy and agent lines only: nothing of it ever ran.
+      { app_name: "ghost", group_slug: "initech", branch: "main", ts: ago(10 * MIN), source: "deploy", service_name: "web", message: "deploy phase queued for ghost" },
+      { app_name: "ghost", group_slug: "initech", branch: "main", ts: ago(9 * MIN), source: "agent", service_name: "web", message: "ghost supervisor idle" },
+    ];
+    await shipAndWait(lines, "app_name in ('kiosk', 'ghost')", []);
+  });
+
+  const sourced = async (q: Query) => (await query(operator, q)).logs.map((l) => [l.source, l.message]);
+
+  it("reads deploy as deploy lines plus agent lines of a deployment, never supervisor events", async () => {
+    expect(await sourced({ appName: "kiosk", source: "deploy" })).toEqual([
+      ["agent", "rolled back kiosk web to the previous release"],
+      ["deploy", "Error: cannot find module ./server.js"],
+      ["deploy", "deploy phase health checks for web"],
+      ["deploy", "deploy phase pulling image kiosk-web:main-1a2b"],
+    ]);
+    expect((await query(operator, { deploymentId: KIOSK_DEPLOY, source: "deploy" })).total).toBe(4);
+  });
+
+  it("reads agent as exactly the agent's lines, with or without a deployment", async () => {
+    expect(await sourced({ appName: "kiosk", source: "agent" })).toEqual([
+      ["agent", "preview branch registered"],
+      ["agent", "replica kiosk-web-1 restarted"],
+      ["agent", "replica kiosk-web-1 crashed (exit 1); restarting"],
+      ["agent", "rolled back kiosk web to the previous release"],
+    ]);
+  });
+
+  it("reads container as the collector's stdout and stderr, the crash tail once, without reason", async () => {
+    const r = await query(operator, { appName: "kiosk", source: "container" });
+    expect(r.logs.map((l) => [l.message, JSON.parse(l.metadataJson).stream])).toEqual([
+      ["Error: cannot find module ./server.js", "stderr"],
+      ["kiosk listening on :3000", "stdout"],
+    ]);
+    expect(r).toMatchObject({ total: 2, hasMore: false });
+    expect(r.logs.every((l) => l.source === "container" && l.serviceName === "web" && l.instanceId === "host-1")).toBe(true);
+    expect(r.reason).toBeUndefined();
+    expect(r.error).toBeUndefined();
+    const older = await query(operator, { appName: "kiosk", source: "container", since: "4h" });
+    expect(older.logs.map((l) => l.message)).toEqual(["Error: cannot find module ./server.js", "kiosk listening on :3000", "worker drained the queue"]);
+    expect(older.reason).toBeUndefined();
+    // A page past the end of a match is not an empty result.
+    const pastTheEnd = await query(operator, { appName: "kiosk", source: "container", offset: 10 });
+    expect(pastTheEnd).toMatchObject({ logs: [], total: 2, hasMore: false });
+    expect(pastTheEnd.reason).toBeUndefined();
+  });
+
+  it("keeps a log group per app, branch and service from the container lines ingested", async () => {
+    const rows = await db.query<{ app_name: string; branch: string; service_name: string; group_slug: string; first_seen: Date; last_seen: Date }>(
+      "select app_name, branch, service_name, group_slug, first_seen, last_seen from log_groups where app_name in ('kiosk', 'ghost') order by service_name",
+    );
+    expect(rows.rows.map((g) => [g.app_name, g.branch, g.service_name, g.group_slug])).toEqual([
+      ["kiosk", "main", "web", "initech"],
+      ["kiosk", "main", "worker", "initech"],
+    ]);
+    const [web, worker] = rows.rows;
+    expect(web!.first_seen.toISOString()).toBe(webFirstSeen);
+    // last_seen moves at most once a minute; the lines may have come in more than one batch.
+    expect(Date.parse(webLastSeen) - web!.last_seen.getTime()).toBeLessThanOrEqual(MIN);
+    expect(web!.last_seen.getTime()).toBeLessThanOrEqual(Date.parse(webLastSeen));
+    expect([worker!.first_seen.toISOString(), worker!.last_seen.toISOString()]).toEqual([workerSeen, workerSeen]);
+  });
+
+  it("keeps one log group for the container lines that name no branch or service", async () => {
+    const line = (minutes: number): LogLineInput => ({ ts: ago(minutes * MIN), source: "container", app_name: "bare", group_slug: "initech", message: `bare line ${minutes}` });
+    await shipAndWait([line(30), line(20)], "app_name = $1", ["bare"]);
+    await shipAndWait([line(40), line(10)], "app_name = $1", ["bare"], 4);
+    const rows = await db.query<{ first_seen: Date; last_seen: Date }>("select first_seen, last_seen from log_groups where app_name = 'bare'");
+    expect(rows.rows).toHaveLength(1);
+    expect(Date.now() - rows.rows[0]!.first_seen.getTime()).toBeGreaterThanOrEqual(40 * MIN);
+    expect(Date.now() - rows.rows[0]!.last_seen.getTime()).toBeLessThan(11 * MIN);
+    expect(await query(operator, { appName: "bare", source: "container", since: "5m" })).toMatchObject({ total: 0, reason: "no_output_yet" });
+  });
+
+  it("says no_log_group when no container line was ever stored for the app, service and branch", async () => {
+    const empty = { logs: [], total: 0, hasMore: false, reason: "no_log_group" };
+    expect(await query(operator, { appName: "ghost", source: "container", since: "365d" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "no-such-app", source: "container" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "kiosk", serviceName: "cron", source: "container", since: "365d" })).toMatchObject(empty);
+    // The branch passes the access check (it has lines), so the app's lines are read (branch
+    // does not filter them); when there are none, nothing was ever deployed on that branch.
+    expect(await query(operator, { appName: "kiosk", branch: "preview", source: "container", since: "10m" })).toMatchObject(empty);
+    // Another group's app reads like an unknown one, and a caller in no group sees no app.
+    expect(await query(tenant("acme"), { appName: "kiosk", source: "container" })).toMatchObject(empty);
+    const stray = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "initech" });
+    expect(await query(stray, { appName: "kiosk", source: "container" })).toMatchObject(empty);
+    // An id names its app: container lines never carry one, and nothing else knows this id.
+    expect(await query(operator, { deploymentId: "ffffffff-0000-4000-8000-000000000000", source: "container" })).toMatchObject(empty);
+  });
+
+  it("says no_output_yet when the log group exists but nothing matches the window or filters", async () => {
+    const empty = { logs: [], total: 0, hasMore: false, reason: "no_output_yet" };
+    expect(await query(operator, { appName: "kiosk", source: "container", since: "10m" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "kiosk", serviceName: "worker", source: "container" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "kiosk", branch: "main", source: "container", since: "10m" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "kiosk", source: "container", level: "warning" })).toMatchObject(empty);
+    expect(await query(operator, { appName: "kiosk", source: "container", search: "segfault" })).toMatchObject(empty);
+    expect(await query(tenant("initech"), { appName: "kiosk", source: "container", since: "10m" })).toMatchObject(empty);
+    expect(await query(tenant("initech"), { source: "container", since: "10m" })).toMatchObject(empty);
+    // The deployment's app was deployed; its lines are not container lines.
+    expect(await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container" })).toMatchObject(empty);
+  });
+
+  it("gives no reason to an empty answer of any other source", async () => {
+    for (const source of ["agent", "deploy", "build", "backup", ""]) {
+      const r = await query(operator, { appName: "ghost", source, since: "1m" });
+      expect(r, source).toMatchObject({ logs: [], total: 0 });
+      expect(r.reason, source).toBeUndefined();
+    }
+  });
+});
+
 describe("an unreachable store", () => {
   it("answers an empty page with an error, not a failure", async () => {
     const port = await freePort();
     const dead = new LogStore({ url: `postgres://postgres@127.0.0.1:${port}/nowhere`, schema: "health_aggregator", logger });
     try {
       const transport = createRouterTransport(routes(service.ctx, dead));
-      const r = await createClient(HealthAggregatorService, transport).queryLogs({ caller: operator, appName: "shop" });
-      expect(r).toMatchObject({ logs: [], total: 0, hasMore: false });
-      expect(r.error).toMatch(/log store is unreachable/);
+      const deadClient = createClient(HealthAggregatorService, transport);
+      for (const source of ["", "container"]) {
+        const r = await deadClient.queryLogs({ caller: operator, appName: "shop", source });
+        expect(r, source).toMatchObject({ logs: [], total: 0, hasMore: false });
+        expect(r.error, source).toMatch(/log store is unreachable/);
+        // error, not a reason: the store, not the app, is why the answer is empty.
+        expect(r.reason, source).toBeUndefined();
+      }
     } finally {
       await dead.close();
     }

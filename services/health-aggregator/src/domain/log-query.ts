@@ -209,7 +209,18 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
         where.push(`build_id in (select rb.build_id from log_builds rb where ${recent.join(" and ")} order by rb.first_ts desc limit ${RECENT_BUILDS})`);
       }
       break;
+    case "container":
+      // The collector's stdout and stderr lines of every replica, both stored as source
+      // container (metadata.stream tells them apart). The spec merges in the crash tail the
+      // agent captured (last 30 lines, kept in the failed deploy action's result), but those
+      // lines are the crashed replica's own output, which the collector already shipped as
+      // container lines: reading the action's result too would show each of them twice, so
+      // the stored container lines alone are the merged result. (The agent also ships the
+      // tail as deploy error lines; those belong to source deploy.)
+      where.push("source = 'container'");
+      break;
     default:
+      // agent and backup: exactly that source.
       where.push(`source = ${param(q.source)}`);
   }
   if (q.serviceName) where.push(`service_name = ${param(q.serviceName)}`);
@@ -227,6 +238,42 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
     values: [...values, countBound(q) + 1],
   };
   return { page, count };
+}
+
+/**
+ * Why an empty `source=container` answer is empty (spec doc 1 section 4.6): `no_log_group` when
+ * nothing was ever deployed for that app, service and branch (no container line was ever
+ * stored), `no_output_yet` when there was but nothing matches the window and filters.
+ */
+export type ContainerReason = "no_log_group" | "no_output_yet";
+
+/**
+ * Whether a log group exists for an empty container answer: the app (named, or owning the id
+ * given), service and branch when given, within the caller's scope, so another group's app
+ * reads like an unknown one. Answers `found`.
+ */
+export function logGroupSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>): Sql {
+  const values: unknown[] = [];
+  const param = (value: unknown) => {
+    values.push(value);
+    return `$${values.length}`;
+  };
+  const where: string[] = [];
+  if (scope.kind === "group") where.push(`g.group_slug = ${param(scope.slug)}`);
+  if (q.appName) where.push(`g.app_name = ${param(q.appName)}`);
+  if (q.branch) where.push(`g.branch = ${param(q.branch)}`);
+  if (q.serviceName) where.push(`g.service_name = ${param(q.serviceName)}`);
+  // An id names its app through the lines that carry it (container lines carry none).
+  const ids = [
+    ["deployment_id", q.deploymentId],
+    ["build_id", q.buildId],
+    ["action_id", q.actionId],
+  ] as const;
+  for (const [column, id] of ids) {
+    if (id) where.push(`exists (select 1 from log_lines l where l.${column} = ${param(id)} and l.app_name = g.app_name)`);
+  }
+  const clause = where.length > 0 ? ` where ${where.join(" and ")}` : "";
+  return { text: `select exists (select 1 from log_groups g${clause}) as found`, values };
 }
 
 /** `total` and `has_more` from the counted rows (see COUNT_CAP). */

@@ -9,7 +9,7 @@ import pg from "pg";
 import type { Logger } from "@platform/logger";
 import type { Caller } from "@platform/caller";
 import type { StoredLine } from "./ingest.ts";
-import { groupScope, logSql, normaliseLogQuery, pageTotals, type LogQueryInput } from "./log-query.ts";
+import { groupScope, logGroupSql, logSql, normaliseLogQuery, pageTotals, type ContainerReason, type LogQueryInput } from "./log-query.ts";
 
 /** Longest a read may take; the gateway's deadline is 5 s. */
 export const QUERY_TIMEOUT_MS = 3_500;
@@ -37,6 +37,8 @@ export interface LogPage {
   hasMore: boolean;
   /** Set when the store could not answer (the spec's `error` key). */
   error?: string;
+  /** Set on an empty `source=container` answer the store gave: why it is empty. */
+  reason?: ContainerReason;
 }
 
 export interface LogStoreOptions {
@@ -90,6 +92,12 @@ export function storeFailure(err: unknown): string | null {
   return null;
 }
 
+/**
+ * One statement per batch: the lines, and what they tell the side tables: which group owns a
+ * branch (log_branches), the builds (log_builds) and the log groups of container lines
+ * (log_groups). last_seen moves at most once a minute, so a busy app does not rewrite its rows
+ * on every batch.
+ */
 const INSERT = `
 with input as (
   select * from jsonb_to_recordset($1::jsonb) as x(
@@ -121,6 +129,17 @@ with input as (
   where excluded.first_ts < log_builds.first_ts or excluded.last_ts > log_builds.last_ts
     or excluded.app_name <> log_builds.app_name or excluded.group_slug <> log_builds.group_slug
     or (log_builds.app_name is null and excluded.app_name is not null) or (log_builds.group_slug is null and excluded.group_slug is not null)
+), groups as (
+  insert into log_groups (app_name, branch, service_name, group_slug, first_seen, last_seen)
+  select app_name, branch, service_name, (array_agg(group_slug order by ts desc))[1], min(ts), max(ts)
+  from input where source = 'container' and app_name is not null
+  group by app_name, branch, service_name order by app_name, branch, service_name
+  on conflict (app_name, coalesce(branch, ''), coalesce(service_name, '')) do update set
+    group_slug = excluded.group_slug,
+    first_seen = least(log_groups.first_seen, excluded.first_seen),
+    last_seen = greatest(log_groups.last_seen, excluded.last_seen)
+  where log_groups.group_slug is distinct from excluded.group_slug or excluded.first_seen < log_groups.first_seen
+    or log_groups.last_seen < excluded.last_seen - interval '1 minute'
 )
 select count(*)::int as inserted from stored`;
 
@@ -154,17 +173,27 @@ export class LogStore {
 
   /**
    * GET /api/logs: checks the parameters (422s), applies the caller's scope and answers a page.
-   * When the store cannot answer, an empty page with `error` (never an exception).
+   * When the store cannot answer, an empty page with `error` (never an exception). An empty
+   * container answer says why (`reason`); an answer with lines, or with `error`, never does.
+   * Empty means nothing matched (total 0), not a page past the end.
    */
   async query(caller: Caller, input: LogQueryInput, explicitGroup: boolean, now = new Date()): Promise<LogPage> {
     const q = normaliseLogQuery(input, now);
+    const container = q.source === "container";
     const scope = groupScope(caller, explicitGroup);
-    if (scope.kind === "none") return { logs: [], total: 0, hasMore: false };
+    if (scope.kind === "none") {
+      // A caller who can see no group can see no app: for it nothing was deployed anywhere.
+      const empty: LogPage = { logs: [], total: 0, hasMore: false };
+      return container ? { ...empty, reason: "no_log_group" } : empty;
+    }
     const { page, count } = logSql(q, scope);
     try {
       const [rows, counted] = await Promise.all([this.#reads.query<DbRow>(page), this.#reads.query<{ n: number }>(count)]);
       const logs = rows.rows.map(rowView);
-      return { logs, ...pageTotals(q, counted.rows[0]?.n ?? 0, logs.length) };
+      const totals = pageTotals(q, counted.rows[0]?.n ?? 0, logs.length);
+      if (!container || totals.total > 0) return { logs, ...totals };
+      const group = await this.#reads.query<{ found: boolean }>(logGroupSql(q, scope));
+      return { logs, ...totals, reason: group.rows[0]?.found ? "no_output_yet" : "no_log_group" };
     } catch (err) {
       const error = storeFailure(err);
       if (!error) throw err;

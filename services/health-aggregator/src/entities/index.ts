@@ -67,4 +67,25 @@ export const LogBuildSchema = defineEntity({
 export class LogBuild extends LogBuildSchema.class {}
 LogBuildSchema.setClass(LogBuild);
 
-export const entities = [LogLineSchema, LogBranchSchema, LogBuildSchema];
+/**
+ * A log group: an app, branch and service that container lines were ever stored for (spec doc 1
+ * section 4.6, the `reason` of an empty container answer). Kept by ingestion.
+ */
+export const LogGroupSchema = defineEntity({
+  name: "LogGroup",
+  tableName: "log_groups",
+  properties: {
+    id: p.bigint().primary().autoincrement(),
+    appName: p.text(),
+    branch: p.text().nullable(),
+    serviceName: p.text().nullable(),
+    /** The group owning the app, as its latest container lines say: who may learn the group exists. */
+    groupSlug: p.text().nullable(),
+    firstSeen: p.datetime(),
+    lastSeen: p.datetime(),
+  },
+});
+export class LogGroup extends LogGroupSchema.class {}
+LogGroupSchema.setClass(LogGroup);
+
+export const entities = [LogLineSchema, LogBranchSchema, LogBuildSchema, LogGroupSchema];
