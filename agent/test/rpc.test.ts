@@ -87,6 +87,7 @@ describe("one agent", () => {
       status: "ready",
       result: { reason: "ready", detail: expect.any(String), services: ["web"], missing_paths: [], errors: [] },
       commit: repo.head,
+      config: expect.objectContaining({ services: { web: expect.objectContaining({ run: "node server.js" }) } }),
     });
   });
 
