@@ -1,10 +1,12 @@
 /**
- * The service's background work: the build_requested consumer (durable, idempotent per event),
- * the heartbeat subscription feeding the agents registry, and the periodic jobs (re-dispatch away
- * from silent hosts, pruning of terminal rows).
+ * The service's background work: the consumers turning events into actions (build_requested,
+ * reconcile_requested; durable, idempotent per event), the heartbeat subscription feeding the
+ * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
+ * of silent agents, pruning of terminal rows).
  */
 import { handleOnce, runConsumer, subjects, traceHeaders, type Bus, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import type { Logger } from "@platform/logger";
+import type { EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
 import { acceptBuildRequest, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
@@ -14,7 +16,6 @@ import { failOrphanedActions } from "./domain/orphans.ts";
 import { createAppAction } from "./domain/deployments.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
-const BUILD_REQUESTED_LEDGER = "deploy-queue.build-requested";
 const REDISPATCH_INTERVAL_MS = 30_000;
 
 /**
@@ -33,34 +34,38 @@ export async function publishDispatched(bus: Bus, dispatched: Dispatched[], logg
   }
 }
 
-export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningConsumer> {
+/**
+ * A durable, idempotent consumer of one event subject that turns each event into queue actions:
+ * `parse` checks the event (a malformed one is terminated: redelivering it would never make it
+ * valid), `accept` writes the actions in the transaction that records the event as handled, and
+ * once that has committed their work messages go out at once rather than at the relay's next batch.
+ */
+function startIntake<T>(
+  ctx: ServiceContext,
+  opts: { durable: string; subject: string; ledger: string; parse(data: Record<string, unknown>): T; accept(em: EntityManager, event: T, dispatched: Dispatched[]): Promise<void> },
+): Promise<RunningConsumer> {
   const { bus } = ctx;
   return runConsumer({
     bus,
     stream: subjects.streams(bus.prefix).events.name,
-    durable: BUILD_REQUESTED_DURABLE,
-    filterSubject: bus.subject(subjects.events.buildRequested),
+    durable: opts.durable,
+    filterSubject: bus.subject(opts.subject),
     logger: ctx.logger,
     async handle(msg) {
-      let request: BuildRequested;
+      let event: T;
       try {
-        request = parseBuildRequested(msg.json<EventEnvelope>().data ?? {});
+        event = opts.parse(msg.json<EventEnvelope>().data ?? {});
       } catch (err) {
-        // Redelivering a malformed event would never make it valid.
-        ctx.logger.error({ err, subject: msg.subject }, "malformed build_requested event dropped");
-        msg.term("malformed build_requested event");
+        ctx.logger.error({ err, subject: msg.subject }, "malformed event dropped");
+        msg.term("malformed event");
         return;
       }
       const dispatched: Dispatched[] = [];
-      const handled = await handleOnce(ctx.orm, BUILD_REQUESTED_LEDGER, msg, async (em) => {
+      const handled = await handleOnce(ctx.orm, opts.ledger, msg, async (em) => {
         dispatched.length = 0;
-        const created = await acceptBuildRequest(em, request, new Date(), dispatched);
-        if (created.length > 0) {
-          ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`), app: created[0]!.appName }, "build request queued");
-        }
+        await opts.accept(em, event, dispatched);
       });
       if (handled) {
-        // Committed: the agents get their work now rather than after the relay's next batch.
         await publishDispatched(bus, dispatched, ctx.logger);
         ctx.relay.kick();
       }
@@ -68,38 +73,49 @@ export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningC
   });
 }
 
+/** `build_requested` (POST /api/builds) becomes a BUILD action and, with auto-deploy, its DEPLOY. */
+export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningConsumer> {
+  return startIntake<BuildRequested>(ctx, {
+    durable: BUILD_REQUESTED_DURABLE,
+    subject: subjects.events.buildRequested,
+    ledger: "deploy-queue.build-requested",
+    parse: parseBuildRequested,
+    async accept(em, request, dispatched) {
+      const created = await acceptBuildRequest(em, request, new Date(), dispatched);
+      if (created.length > 0) ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`), app: created[0]!.appName }, "build request queued");
+    },
+  });
+}
+
 export const RECONCILE_REQUESTED_DURABLE = "deploy-queue-reconcile-requested";
+
+interface ReconcileRequested {
+  app_name: string;
+  branch: string;
+  group_slug: string;
+  requested_by: string;
+}
+
+function parseReconcileRequested(data: Record<string, unknown>): ReconcileRequested {
+  const { app_name, branch, group_slug, requested_by } = data;
+  if (typeof app_name !== "string" || typeof branch !== "string" || typeof group_slug !== "string") {
+    throw new Error("reconcile_requested event without app_name, branch and group_slug");
+  }
+  return { app_name, branch, group_slug, requested_by: typeof requested_by === "string" ? requested_by : "platform" };
+}
 
 /**
  * `reconcile_requested` (a visibility flip in apps-builds) becomes a RECONCILE_ROUTING action on
- * the host where the branch runs. Idempotent per event through the consumer's ledger.
+ * the host where the branch runs.
  */
 export function startReconcileConsumer(ctx: ServiceContext): Promise<RunningConsumer> {
-  const { bus } = ctx;
-  return runConsumer({
-    bus,
-    stream: subjects.streams(bus.prefix).events.name,
+  return startIntake<ReconcileRequested>(ctx, {
     durable: RECONCILE_REQUESTED_DURABLE,
-    filterSubject: bus.subject(subjects.events.reconcileRequested),
-    logger: ctx.logger,
-    async handle(msg) {
-      const data = (msg.json<EventEnvelope>().data ?? {}) as Record<string, unknown>;
-      const [app, branch, group] = [data.app_name, data.branch, data.group_slug];
-      if (typeof app !== "string" || typeof branch !== "string" || typeof group !== "string") {
-        ctx.logger.error({ subject: msg.subject }, "malformed reconcile_requested event dropped");
-        msg.term("malformed reconcile_requested event");
-        return;
-      }
-      const dispatched: Dispatched[] = [];
-      const handled = await handleOnce(ctx.orm, "deploy-queue.reconcile-requested", msg, async (em) => {
-        dispatched.length = 0;
-        const by = typeof data.requested_by === "string" ? data.requested_by : "platform";
-        await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: group, appName: app, branch }, by, new Date(), dispatched);
-      });
-      if (handled) {
-        await publishDispatched(bus, dispatched, ctx.logger);
-        ctx.relay.kick();
-      }
+    subject: subjects.events.reconcileRequested,
+    ledger: "deploy-queue.reconcile-requested",
+    parse: parseReconcileRequested,
+    async accept(em, r, dispatched) {
+      await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: r.group_slug, appName: r.app_name, branch: r.branch }, r.requested_by, new Date(), dispatched);
     },
   });
 }
