@@ -15,6 +15,7 @@ import { AppsBuildsService, DeployQueueService } from "@platform/proto";
 import { startWorkLane } from "./work.ts";
 import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
+import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
@@ -53,6 +54,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     routerPort: config.PLATFORM_ROUTER_PORT,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }),
+    bus,
     logger,
     ship: (line) => void shipper.ship(line),
   });
@@ -74,6 +76,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       imageDir: resolvePath(config.AGENT_IMAGE_DIR),
       allowFileRepos: allowFileRepos(config),
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
+      publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

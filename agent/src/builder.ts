@@ -2,8 +2,8 @@
  * BUILD on the agent (issue: apps and builds, item 6): a shallow clone of the branch HEAD, the
  * app config validated with the shared schema, each service's build command run in the
  * workspace with its output streamed as log lines, and the result kept in the host's image store
- * as an archive for tag `{branch}-{hash}`. Cancel is honoured between phases; the whole build has
- * a deadline.
+ * as an archive for tag `{branch}-{hash}` and published to the fleet's image store. Cancel is
+ * honoured between phases; the whole build has a deadline.
  */
 import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, readFile, rm, stat } from "node:fs/promises";
@@ -34,6 +34,8 @@ export interface BuildDeps {
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
   /** Reports a phase; true means cancel was requested and the build must stop. */
   phase(name: string): Promise<boolean>;
+  /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
+  publishImage(app: string, tag: string, file: string): Promise<void>;
 }
 
 export interface BuildOutcome {
@@ -215,8 +217,13 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     });
     if (tar.code !== 0) throw new BuildFailure("Packaging the build output failed.");
     const size = (await stat(image)).size;
-    result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
     emit("info", `Image ${job.app_name}:${job.tag} stored (${Math.round(size / 1024)} KiB)`);
+    // An image that only this host has would fail the deploys that land on other hosts.
+    await deps.publishImage(job.app_name, job.tag, image).catch((err: unknown) => {
+      throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
+    });
+    result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
+    emit("info", `Image ${job.app_name}:${job.tag} published to the fleet's image store`);
     return finish("completed", "");
   } catch (err) {
     if (err instanceof BuildCancelled) {

@@ -2,7 +2,8 @@
  * DEPLOY, RETRY, UNDEPLOY, SERVICE_ACTION and RECONCILE_ROUTING on the agent (deployments issue,
  * ARCHITECTURE section 5). A deploy is blue/green:
  *
- *   setup         resolve the release (config, variables, front doors), unpack the image
+ *   setup         resolve the release (config, variables, front doors), unpack the image (fetched
+ *                 from the fleet's image store when another host built it)
  *   start         start every replica of the new colour beside the serving one, each on a free port
  *   health_check  each HTTP service answers its health path; a replica that dies here fails the
  *                 deploy with its last 30 lines of output (crash output)
@@ -44,6 +45,8 @@ export interface DeployJob {
   build_id?: string | null;
   services?: unknown[] | null;
   purge?: boolean;
+  /** UNDEPLOY with purge: the tags of the branch's builds, whose images are deleted. */
+  purge_tags?: string[];
   service_name?: string | null;
   action?: "restart" | "stop" | "start" | null;
 }
@@ -67,6 +70,10 @@ export interface DeployerDeps {
   router: Router;
   state: HostState;
   resolve(job: DeployJob): Promise<ReleaseInfo>;
+  /** Downloads a tag's archive from the fleet's image store to `file` (this host did not build it). */
+  fetchImage(app: string, tag: string, file: string): Promise<void>;
+  /** Removes tags' archives from the fleet's image store (undeploy with purge). */
+  deleteImages(app: string, tags: string[]): Promise<void>;
   healthTimeoutMs: number;
   /** How long the old colour keeps its connections after the flip before it is stopped. */
   drainMs: number;
@@ -139,12 +146,18 @@ export class Deployer {
     this.#d = deps;
   }
 
-  /** Unpacks the tag's image (once) into the host's releases. */
-  async #release(job: DeployJob, tag: string): Promise<string> {
+  /** Unpacks the tag's image (once) into the host's releases, fetching the image first if this host lacks it. */
+  async #release(job: DeployJob, tag: string, emit: (l: LogLevel, m: string) => void): Promise<string> {
     const dir = path.join(this.#d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch), safe(tag));
     if (await stat(dir).catch(() => null)) return dir;
     const image = path.join(this.#d.imageDir, job.app_name, `${tag}.tar.gz`);
-    if (!(await stat(image).catch(() => null))) throw new DeployFailure(`The image ${job.app_name}:${tag} is not in this host's image store (${this.#d.hostId}).`);
+    if (!(await stat(image).catch(() => null))) {
+      await this.#d.fetchImage(job.app_name, tag, image).catch((err: unknown) => {
+        const reason = err instanceof Error ? err.message : String(err);
+        throw new DeployFailure(`The image ${job.app_name}:${tag} is not in this host's image store (${this.#d.hostId}), and fetching it failed: ${reason}`);
+      });
+      emit("info", `Fetched image ${job.app_name}:${tag} from the fleet's image store`);
+    }
     const tmp = `${dir}.unpack-${process.pid}`;
     await rm(tmp, { recursive: true, force: true });
     await mkdir(tmp, { recursive: true });
@@ -216,7 +229,7 @@ export class Deployer {
       const services = Object.entries(config.services).filter(([name]) => !wanted || wanted.has(name));
       if (services.length === 0) throw new DeployFailure("The config declares no service to run.");
       emit("info", `Deploying ${job.app_name}:${tag} (${services.length} service(s)) on ${d.hostId}`);
-      const releaseDir = await this.#release(job, tag);
+      const releaseDir = await this.#release(job, tag, emit);
 
       await enter("start");
       const colour: Colour = previous?.colour === "blue" ? "green" : "blue";
@@ -396,7 +409,7 @@ export class Deployer {
     return finish("failed", message);
   }
 
-  /** UNDEPLOY: the route goes, then every replica; `purge` also deletes the app's images and releases here. */
+  /** UNDEPLOY: the route goes, then every replica; `purge` also deletes the branch's images and releases. */
   async undeploy(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
     const key = appKey(job.group_slug, job.app_name, job.branch);
@@ -417,8 +430,10 @@ export class Deployer {
     }
     if (job.purge) {
       await rm(path.join(d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch)), { recursive: true, force: true });
-      await rm(path.join(d.imageDir, job.app_name), { recursive: true, force: true });
-      emit("info", "Images and releases deleted");
+      const tags = job.purge_tags ?? [];
+      for (const tag of tags) await rm(path.join(d.imageDir, job.app_name, `${tag}.tar.gz`), { force: true });
+      await d.deleteImages(job.app_name, tags);
+      emit("info", `Deleted ${tags.length} image(s) of the branch, here and in the fleet's image store, and its releases`);
     }
     return { status: "completed", error_message: "", result: { previous_tag: app?.tag ?? null, purge: job.purge === true, phases: { undeploy: lines.join("\n") } } };
   }

@@ -5,12 +5,14 @@
  */
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
+import type { Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
 import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
 import { HostState } from "./host-state.ts";
+import { deleteImages, fetchImage } from "./image-store.ts";
 import { CaddyRouter } from "./router.ts";
 import { DockerDriver } from "./runtime/docker.ts";
 import { ProcessDriver } from "./runtime/process.ts";
@@ -27,6 +29,8 @@ export interface RuntimeHostOptions {
   routerPort: number;
   healthTimeoutMs: number;
   apps: Client<typeof AppsBuildsService>;
+  /** Where images this host lacks are fetched from (the fleet's image store). */
+  bus: Bus;
   logger: Logger;
   ship(line: LogLineInput): void;
 }
@@ -101,7 +105,20 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     }
   }
 
-  const deps = { hostId: o.hostId, runDir, imageDir: path.resolve(o.imageDir), driver, supervisor, router, state, healthTimeoutMs: o.healthTimeoutMs, drainMs: DRAIN_MS, stopGraceMs: STOP_GRACE_MS };
+  const deps = {
+    hostId: o.hostId,
+    runDir,
+    imageDir: path.resolve(o.imageDir),
+    driver,
+    supervisor,
+    router,
+    state,
+    fetchImage: (app: string, tag: string, file: string) => fetchImage(o.bus, app, tag, file),
+    deleteImages: (app: string, tags: string[]) => deleteImages(o.bus, app, tags),
+    healthTimeoutMs: o.healthTimeoutMs,
+    drainMs: DRAIN_MS,
+    stopGraceMs: STOP_GRACE_MS,
+  };
   const resolve = async (job: DeployJob) => {
     const r = await o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" });
     return { imageTag: r.imageTag, config: JSON.parse(r.configJson) as Record<string, unknown>, env: r.env, hosts: r.hosts };

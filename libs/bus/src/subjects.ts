@@ -55,3 +55,15 @@ export function streams(prefix = ""): Record<"events" | "work" | "logs", StreamD
     logs: { name: `${p}LOGS`, subjects: [`${sp}${allLogs}`], maxAgeSeconds: 24 * 3600 },
   };
 }
+
+/**
+ * JetStream object-store buckets, kept apart from `streams()` because their owners create them
+ * (the backing stream is `OBJ_<bucket>`, configured by the object-store client), not `declareStreams`.
+ */
+export function buckets(prefix = ""): Record<"images", string> {
+  const p = prefix ? `${prefix}_` : "";
+  return {
+    // Build archives, so that any host can deploy any build (agent/src/image-store.ts).
+    images: `${p}IMAGES`,
+  };
+}

@@ -12,7 +12,7 @@ import { cancelAction } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
-import { deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, retryTarget } from "./domain/deployments.ts";
+import { branchBuildTags, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
@@ -250,7 +250,22 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         switch (type) {
           case "UNDEPLOY":
           case "RECONCILE_ROUTING": {
-            const action = await ctx.write((em) => queueAppAction(em, caller, { ...target, actionType: type, purge: req.purge, imageTag: app.runningVersion ?? null }, now, dispatched));
+            const action = await ctx.write(async (em) =>
+              queueAppAction(
+                em,
+                caller,
+                {
+                  ...target,
+                  actionType: type,
+                  purge: req.purge,
+                  imageTag: app.runningVersion ?? null,
+                  // purge: the images of exactly this branch's builds go, wherever they are kept.
+                  payload: type === "UNDEPLOY" && req.purge ? { purge_tags: await branchBuildTags(em, target) } : undefined,
+                },
+                now,
+                dispatched,
+              ),
+            );
             result = { actions: [action], services: [], skippedStatic: [] };
             break;
           }

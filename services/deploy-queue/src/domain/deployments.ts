@@ -179,6 +179,12 @@ export interface AppActionInput {
   payload?: Record<string, unknown>;
 }
 
+/** The tags of every build of a branch the queue knows: what an undeploy with purge deletes. */
+export async function branchBuildTags(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }): Promise<string[]> {
+  const builds = await em.find(Action, { ...target, actionType: "BUILD", imageTag: { $ne: null } }, { fields: ["imageTag"] });
+  return [...new Set(builds.map((b) => b.imageTag!))].sort();
+}
+
 /** The failed DEPLOY (or RETRY) a retry re-runs: the latest deployment of the branch, which must have failed. */
 export async function retryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
   const latest = await em.findOne(
