@@ -227,7 +227,7 @@ export class CaddyRouter implements Router {
     if (reply.status !== 200) throw this.failure(method, path, reply);
   }
 
-  private async admin(method: string, path: string, body?: unknown): Promise<AdminReply> {
+  private async admin(method: string, path: string, body?: unknown, retried = false): Promise<AdminReply> {
     try {
       const res = await fetch(`${this.adminUrl}${path}`, {
         method,
@@ -237,6 +237,9 @@ export class CaddyRouter implements Router {
       });
       return { status: res.status, text: await res.text() };
     } catch (err) {
+      // A kept-alive connection to a Caddy that has since restarted is closed under the request
+      // before Caddy read it: one more try goes out on a new connection.
+      if (!retried && causeText(err) === "UND_ERR_SOCKET") return this.admin(method, path, body, true);
       throw new Error(`Caddy admin API at ${this.adminUrl} is not reachable (${causeText(err)})`, { cause: err });
     }
   }

@@ -31,6 +31,10 @@ const EXIT_POLL_MS = 500;
 const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
 /** The raw stream files are emptied once read past this size: `output.log` keeps the history. */
 const RAW_TRUNCATE_BYTES = 1024 * 1024;
+/** A stream file is emptied only after its writer was quiet this long (see #truncateRead)... */
+const RAW_QUIET_MS = 1_000;
+/** ...or once it is this large. */
+const RAW_HARD_CAP_BYTES = 64 * 1024 * 1024;
 const READ_CHUNK_BYTES = 1024 * 1024;
 /** A replica that writes without newlines must not grow the agent's memory without bound. */
 const MAX_LINE_BYTES = 64 * 1024;
@@ -830,7 +834,11 @@ export class ProcessDriver implements RuntimeDriver {
       }
       if (lines.length) batches.push({ stream, lines, mtime: st.mtimeNs });
     }
-    if (!batches.length) return more;
+    if (!batches.length) {
+      // A quiet writer is when a read-through stream file can be emptied.
+      await this.#truncateRead(replica);
+      return more;
+    }
 
     // Within one read the stream written to last goes last: exact when each holds one new line.
     batches.sort((a, b) => (a.mtime < b.mtime ? -1 : a.mtime > b.mtime ? 1 : 0));
@@ -871,7 +879,9 @@ export class ProcessDriver implements RuntimeDriver {
 
   /**
    * Empties a stream file that has been read to its end. The replica writes in append mode, so
-   * its next write lands at the new start; a write between the size check and the truncate is lost.
+   * its next write lands at the new start; a write between the size check and the truncate would
+   * be lost, so a file is emptied only once its writer has been quiet for a moment, unless it has
+   * grown past the hard cap (a replica that never stops writing: the disk comes first).
    */
   async #truncateRead(replica: Replica): Promise<void> {
     let changed = false;
@@ -879,7 +889,9 @@ export class ProcessDriver implements RuntimeDriver {
       const cursor = replica.cursors[stream];
       if (cursor.pos < RAW_TRUNCATE_BYTES || cursor.pending.length) continue;
       const file = path.join(replica.dir, `${stream}.log`);
-      if ((await stat(file)).size !== cursor.pos) continue;
+      const st = await stat(file);
+      if (st.size !== cursor.pos) continue;
+      if (Date.now() - st.mtimeMs < RAW_QUIET_MS && st.size < RAW_HARD_CAP_BYTES) continue;
       await truncate(file, 0);
       cursor.pos = 0;
       changed = true;
