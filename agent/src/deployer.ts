@@ -30,6 +30,9 @@ import type { Supervisor } from "./supervisor.ts";
 export const CRASH_TAIL_LINES = 30;
 /** How often a starting replica's health path is asked. */
 const HEALTH_POLL_MS = 100;
+/** Tries of the route flip once the swap is committed, COMMIT_RETRY_MS apart. */
+const COMMIT_ATTEMPTS = 5;
+const COMMIT_RETRY_MS = 1_000;
 /** How long a replica without a health check must stay up to pass. */
 const UNCHECKED_UPTIME_MS = 500;
 
@@ -370,8 +373,20 @@ export class Deployer {
   async #commit(inflight: InflightDeploy, previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
     const next = inflight.next;
     for (const r of inflight.replicas) this.#d.supervisor.desire(r);
-    if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
-    else await this.#d.router.remove(next.key);
+    // Past the point of no return the deploy rolls forward: a router that does not answer (or
+    // lost its table) is asked again, with the whole table if need be.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
+        else await this.#d.router.remove(next.key);
+        break;
+      } catch (err) {
+        if (attempt >= COMMIT_ATTEMPTS) throw err;
+        emit("warning", `The route did not switch (${err instanceof Error ? err.message : String(err)}); trying again`);
+        await sleep(COMMIT_RETRY_MS);
+        await this.reassertRoutes().catch(() => undefined);
+      }
+    }
     await this.#d.state.setApp({ ...next, since: new Date().toISOString() });
     emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
     if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);

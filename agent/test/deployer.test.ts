@@ -1,0 +1,129 @@
+/**
+ * The deployer on its own, with every part real: a host that did not build the image fetches it
+ * from the fleet's image store (NATS), unpacks it, starts the fixture app as a process, checks its
+ * health path and routes it through a real Caddy; undeploy with purge takes it all away again.
+ */
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { execFile } from "node:child_process";
+import http from "node:http";
+import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { connectBus, type Bus } from "@platform/bus";
+import { createLogger } from "@platform/logger";
+import { parseAppConfigYaml } from "@platform/app-config";
+import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, type StartedCaddy } from "@platform/testing";
+import { Deployer, type DeployerDeps } from "../src/deployer.ts";
+import { HostState } from "../src/host-state.ts";
+import { deleteImages, fetchImage, publishImage } from "../src/image-store.ts";
+import { CaddyRouter } from "../src/router.ts";
+import { ProcessDriver } from "../src/runtime/process.ts";
+import { Supervisor } from "../src/supervisor.ts";
+
+const FIXTURE = path.resolve(import.meta.dirname, "../../test/fixtures/node-web");
+const HOST = "node-web.t.localhost";
+const TAG = "main-0123abcd";
+const logger = createLogger({ service: "agent-deployer-test", level: "silent", pretty: false });
+const prefix = uniquePrefix("tdeploy");
+
+let bus: Bus;
+let dir: string;
+let caddy: StartedCaddy;
+let ports: [number, number];
+let driver: ProcessDriver;
+let supervisor: Supervisor;
+let deployer: Deployer;
+const lines: string[] = [];
+
+function get(port: number): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.get({ host: "127.0.0.1", port, path: "/", headers: { host: HOST }, agent: false }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (c: string) => (body += c));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on("error", reject);
+  });
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), "agent-deployer-test-"));
+  bus = await connectBus({ url: testNatsUrl(), name: "agent-deployer-test", prefix, logger });
+  // Another host built the image: it is in the fleet's image store only.
+  const archive = path.join(dir, "built.tar.gz");
+  await promisify(execFile)("tar", ["-czf", archive, "-C", FIXTURE, "."]);
+  await publishImage(bus, "node-web", TAG, archive);
+
+  ports = (await freePorts(2)) as [number, number];
+  const [adminPort, httpPort] = ports;
+  caddy = await startCaddy({ adminPort, httpPort, dataDir: path.join(dir, "caddy"), log: () => undefined });
+  const runDir = path.join(dir, "run");
+  driver = new ProcessDriver({ runDir, logger });
+  supervisor = new Supervisor({ driver, onEvent: () => undefined, logger });
+  const state = new HostState(runDir);
+  await state.load();
+  const parsed = parseAppConfigYaml(await readFile(path.join(FIXTURE, "platform.yaml"), "utf8"));
+  if (!parsed.ok) throw new Error("the fixture's config is invalid");
+  const deps: DeployerDeps = {
+    hostId: "host-2",
+    runDir,
+    imageDir: path.join(dir, "images"),
+    driver,
+    supervisor,
+    router: new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: httpPort }),
+    state,
+    resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: { GREETING: "hi" }, hosts: [HOST] }),
+    fetchImage: (app, tag, file) => fetchImage(bus, app, tag, file),
+    deleteImages: (app, tags) => deleteImages(bus, app, tags),
+    healthTimeoutMs: 30_000,
+    drainMs: 100,
+    stopGraceMs: 2_000,
+    log: (line) => void lines.push(line.message),
+    phase: async () => false,
+  };
+  deployer = new Deployer(deps);
+  // As the agent does when it starts: the router holds this host's (empty) table.
+  await deployer.reassertRoutes();
+});
+
+afterAll(async () => {
+  await supervisor?.close();
+  for (const r of driver?.list() ?? []) await driver.stop(r.spec.id, 1000).catch(() => undefined);
+  await driver?.close();
+  await caddy?.stop();
+  await bus?.close();
+  await deleteBusStreams(prefix);
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+const job = { action_id: "2b0c4c43-5a48-4d4c-9d3f-0a3c8c1f6a10", action_type: "DEPLOY", app_name: "node-web", branch: "main", group_slug: "acme", image_tag: TAG };
+
+it("fetches an image this host lacks, then runs and routes the release", async () => {
+  const outcome = await deployer.deploy(job);
+  expect(outcome).toMatchObject({ status: "completed", error_message: "", result: { previous_tag: null, env_vars_snapshot: { GREETING: "hi" } } });
+  expect(lines).toContain(`Fetched image node-web:${TAG} from the fleet's image store`);
+  expect(await stat(path.join(dir, "images", "node-web", `${TAG}.tar.gz`))).toBeTruthy();
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("undeploys with purge: unrouted, stopped, the image gone here and from the fleet's store", async () => {
+  const outcome = await deployer.undeploy({ ...job, action_type: "UNDEPLOY", purge: true, purge_tags: [TAG] });
+  expect(outcome.status).toBe("completed");
+  expect((await get(caddy.httpPort)).status).toBe(404);
+  expect(driver.list().filter((r) => r.running)).toEqual([]);
+  await expect(stat(path.join(dir, "images", "node-web", `${TAG}.tar.gz`))).rejects.toThrow(/ENOENT/);
+  await expect(fetchImage(bus, "node-web", TAG, path.join(dir, "again.tar.gz"))).rejects.toThrow(/has no image/);
+});
+
+it("rolls forward past the swap commit when Caddy restarted empty: the whole table is asserted again", async () => {
+  await caddy.stop();
+  caddy = await startCaddy({ adminPort: ports[0], httpPort: ports[1], dataDir: path.join(dir, "caddy"), log: () => undefined });
+  await publishImage(bus, "node-web", "main-4567cdef", path.join(dir, "built.tar.gz"));
+  lines.length = 0;
+  const outcome = await deployer.deploy({ ...job, action_id: "7c9e6679-7425-40de-944b-e07fc1f90ae7", image_tag: "main-4567cdef" });
+  expect(outcome.status).toBe("completed");
+  expect(lines.some((l) => l.startsWith("The route did not switch"))).toBe(true);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
