@@ -52,6 +52,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     dockerSocket: config.AGENT_DOCKER_SOCKET,
     routerAdminUrl: config.AGENT_ROUTER_ADMIN_URL,
     routerPort: config.PLATFORM_ROUTER_PORT,
+    // npm start keeps the root key and the servers' data under .data: no app may read them.
+    hide: [config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, ".data"].map((p) => resolvePath(p)),
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }),
     bus,

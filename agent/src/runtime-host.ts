@@ -27,6 +27,8 @@ export interface RuntimeHostOptions {
   dockerSocket: string;
   routerAdminUrl: string;
   routerPort: number;
+  /** What a sandboxed replica must not see: the agent's other files and the platform's secrets. */
+  hide: string[];
   healthTimeoutMs: number;
   apps: Client<typeof AppsBuildsService>;
   /** Where images this host lacks are fetched from (the fleet's image store). */
@@ -51,7 +53,7 @@ export interface RuntimeHost {
 export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHost> {
   const runDir = path.resolve(o.runDir);
   const driver: RuntimeDriver =
-    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, logger: o.logger });
+    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, logger: o.logger });
   const state = new HostState(runDir);
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });

@@ -380,6 +380,34 @@ describe("ProcessDriver limits", () => {
     expect(existsSync(path.join(releaseDir, "release-file"))).toBe(true);
     expect(existsSync(path.join(runDir, "replicas", spec.id, "home", "home-file"))).toBe(true);
   });
+
+  it.skipIf(!sandbox.ok)(`hides the agent's files and secrets from a replica: the run directory and the paths it is told to hide${noSandbox}`, async () => {
+    // Outside /tmp, which the sandbox replaces with its own tmpfs anyway.
+    const base = await mkdtemp(path.join("/var/tmp", "platform-hide-"));
+    const secrets = path.join(base, "secrets");
+    const ownRunDir = path.join(base, "run");
+    await mkdir(secrets, { recursive: true });
+    await mkdir(ownRunDir, { recursive: true });
+    await writeFile(path.join(secrets, "root-key"), "pf_k1_secret");
+    await writeFile(path.join(ownRunDir, "state.json.probe"), "another app's state");
+    const driver = new ProcessDriver({ runDir: ownRunDir, hide: [secrets] });
+    drivers.push(driver);
+    const port = await freePort();
+    const script = `
+      const fs = require("node:fs");
+      const http = require("node:http");
+      const read = (file) => { try { return fs.readFileSync(file, "utf8"); } catch (e) { return e.code; } };
+      const result = { secret: read(${JSON.stringify(path.join(secrets, "root-key"))}), state: read(${JSON.stringify(path.join(ownRunDir, "state.json.probe"))}), own: read("own-file"), home: fs.existsSync(process.env.HOME) };
+      http.createServer((req, res) => res.end(JSON.stringify(result))).listen(Number(process.env.PORT), "127.0.0.1");
+    `;
+    await writeFile(path.join(releaseDir, "own-file"), "mine");
+    const spec = makeSpec(nodeCommand(script), { port, env: { PORT: String(port) } });
+    await driver.start(spec);
+    expect(JSON.parse(await get(port))).toEqual({ secret: "ENOENT", state: "ENOENT", own: "mine", home: true });
+    await driver.stop(spec.id, 1000);
+    await driver.remove(spec.id);
+    await rm(base, { recursive: true, force: true });
+  });
 });
 
 describe("Supervisor", () => {

@@ -17,6 +17,12 @@ import type { ExitInfo, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } f
 
 export interface ProcessDriverOptions {
   runDir: string;
+  /**
+   * Paths a sandboxed replica must not see (the agent's own files, the platform's secrets): each
+   * is covered by an empty tmpfs. The run directory always is; a replica sees only its release
+   * and its home there.
+   */
+  hide?: string[];
   logger?: Logger;
   sandbox?: "auto" | "off";
   memoryLimits?: "auto" | "off";
@@ -195,13 +201,14 @@ async function lastLines(file: string, n: number): Promise<string[]> {
  * protect. Capabilities are dropped because the agent may run as root, and root with
  * CAP_SYS_ADMIN could remount the read-only root writable.
  */
-function sandboxArgs(releaseDir: string, home: string): string[] {
+function sandboxArgs(releaseDir: string, home: string, hidden: string[]): string[] {
   return [
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--proc", "/proc",
-    // Before the binds: the release or the home may lie under /tmp, and must show through.
+    // Before the binds: the release or the home may lie under /tmp or a hidden path, and must show through.
     "--tmpfs", "/tmp",
+    ...hidden.flatMap((p) => ["--tmpfs", p]),
     "--bind", releaseDir, releaseDir,
     "--bind", home, home,
     "--unshare-pid",
@@ -391,6 +398,7 @@ export class ProcessDriver implements RuntimeDriver {
   readonly #logger: Logger | undefined;
   readonly #sandboxMode: "auto" | "off";
   readonly #memoryMode: "auto" | "off";
+  readonly #hide: string[];
   readonly #replicas = new Map<string, Replica>();
   readonly #exitListeners: Array<(state: ReplicaState) => void> = [];
   readonly #outputListeners: Array<(line: OutputLine) => void> = [];
@@ -402,9 +410,21 @@ export class ProcessDriver implements RuntimeDriver {
 
   constructor(opts: ProcessDriverOptions) {
     this.#runDir = path.resolve(opts.runDir);
+    this.#hide = [this.#runDir, ...(opts.hide ?? []).map((p) => path.resolve(p))];
     this.#logger = opts.logger;
     this.#sandboxMode = opts.sandbox ?? "auto";
     this.#memoryMode = opts.memoryLimits ?? "auto";
+  }
+
+  /**
+   * The hidden paths that exist (a tmpfs needs a mount point), outermost only: a path inside
+   * another is hidden with it, and a sandbox cannot create a mount point on the read-only root.
+   */
+  async #hidden(): Promise<string[]> {
+    const existing: string[] = [];
+    for (const p of this.#hide) if (p !== "/" && (await stat(p).catch(() => null))?.isDirectory()) existing.push(p);
+    const within = (p: string, q: string) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
+    return [...new Set(existing)].filter((p) => !existing.some((q) => within(p, q))).sort();
   }
 
   /**
@@ -437,7 +457,7 @@ export class ProcessDriver implements RuntimeDriver {
     if (previousCgroup && previousCgroup !== cgroup) await removeCgroup(previousCgroup).catch(() => undefined);
 
     let argv = ["/bin/sh", "-c", spec.command];
-    if (bwrap) argv = [bwrap, ...sandboxArgs(releaseDir, home), "--", ...argv];
+    if (bwrap) argv = [bwrap, ...sandboxArgs(releaseDir, home, await this.#hidden()), "--", ...argv];
     // The shell joins the cgroup before it execs the rest, so the command never runs unlimited.
     if (cgroup) argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
     const env: Record<string, string> = {
