@@ -58,10 +58,8 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
 
-  const specs = () => new Map(state.apps().flatMap((a) => Object.values(a.services).flatMap((s) => s.replicas.map((r) => [r.id, r] as const))));
   driver.onOutput((line) => {
-    const spec = specs().get(line.replicaId) ?? state.allInflight().flatMap((d) => d.replicas).find((r) => r.id === line.replicaId);
-    if (!spec) return;
+    const { spec } = line;
     o.ship({
       source: "container",
       level: line.stream === "stderr" ? "warning" : "info",

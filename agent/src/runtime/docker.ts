@@ -800,9 +800,9 @@ export class DockerDriver implements RuntimeDriver {
       const demuxer = new LogDemuxer();
       res.on("data", (chunk: Buffer) => {
         record.retryMs = 0;
-        this.#emit(replicaId, demuxer.push(chunk));
+        this.#emit(record.state.spec, demuxer.push(chunk));
       });
-      res.on("end", () => this.#emit(replicaId, demuxer.end()));
+      res.on("end", () => this.#emit(record.state.spec, demuxer.end()));
       res.on("error", () => {});
       res.on("close", () => {
         if (record.logs !== req) return;
@@ -819,13 +819,14 @@ export class DockerDriver implements RuntimeDriver {
     }
   }
 
-  #emit(replicaId: string, lines: DemuxedLine[]): void {
+  #emit(spec: ReplicaSpec, lines: DemuxedLine[]): void {
+    const replicaId = spec.id;
     for (const { stream, line } of lines) {
       if (stream === "system") {
         this.#logger?.warn({ replica: replicaId, detail: line }, "docker: the engine reported a log stream error");
         continue;
       }
-      const output: OutputLine = { replicaId, stream, line, at: new Date() };
+      const output: OutputLine = { replicaId, spec, stream, line, at: new Date() };
       for (const listener of this.#outputListeners) {
         try {
           listener(output);

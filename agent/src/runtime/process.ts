@@ -873,7 +873,7 @@ export class ProcessDriver implements RuntimeDriver {
       for (const line of batch.lines) {
         for (const listener of this.#outputListeners) {
           try {
-            listener({ replicaId, stream: batch.stream, line, at });
+            listener({ replicaId, spec: replica.record.spec, stream: batch.stream, line, at });
           } catch (err) {
             this.#logger?.error({ err: errorMessage(err) }, "output listener failed");
           }

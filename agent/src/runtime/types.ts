@@ -51,6 +51,8 @@ export interface ReplicaState {
 
 export interface OutputLine {
   replicaId: string;
+  /** The replica's spec, so a listener needs no lookup per line (which app, service, colour). */
+  spec: ReplicaSpec;
   stream: "stdout" | "stderr";
   line: string;
   at: Date;

@@ -31,6 +31,7 @@ export interface SingleAppExtras {
 /** `builds`: the app's build_count (see buildCounts). */
 export function appMsg(a: App, router: RouterSettings, builds: number, single?: SingleAppExtras): AppMsg {
   const undeployed = a.deployStatus === "undeployed";
+  const services = serviceUrls(a, router);
   return create(AppSchema, {
     id: a.id,
     appName: a.appName,
@@ -69,8 +70,8 @@ export function appMsg(a: App, router: RouterSettings, builds: number, single?: 
     updatedAt: iso(a.updatedAt),
     createdBy: a.createdBy,
     serviceNames: a.serviceNames,
-    urls: appUrls(a, router),
-    services: serviceUrls(a, router).map((s) => ({ name: s.name, url: s.url ?? undefined })),
+    urls: appUrls(a, services),
+    services: services.map((s) => ({ name: s.name, url: s.url ?? undefined })),
     ...(single
       ? {
           lastDeployStatus: a.lastDeployStatus ?? undefined,

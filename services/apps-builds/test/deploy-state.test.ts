@@ -24,6 +24,9 @@ import { deploymentMigrations } from "../src/migrations/0007_deployments.ts";
 import { applyDeployUpdate, type DeployActionUpdate } from "../src/domain/deploy-state.ts";
 import { appUrls, frontDoorHost, isServing, publicHosts, serviceUrls, type RouterSettings } from "../src/domain/front-door.ts";
 
+/** The app's urls as a read computes them: from its service URLs. */
+const urlsOf = (app: Parameters<typeof serviceUrls>[0], router: Parameters<typeof serviceUrls>[1]) => appUrls(app, serviceUrls(app, router));
+
 // ---------------------------------------------------------------------------------------------
 // Front doors
 
@@ -85,20 +88,20 @@ describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing s
       // A background service has no port and no mount.
       { name: "worker", url: null },
     ]);
-    expect(appUrls(addressed(), router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
+    expect(urlsOf(addressed(), router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
   });
 
   it("leaves port 80 out of URLs and writes any other router port", () => {
-    expect(appUrls(addressed(), { ...router, port: 8443 })).toEqual(["http://shop.staging.example.test:8443", "http://shop.staging.example.test:8443/api"]);
+    expect(urlsOf(addressed(), { ...router, port: 8443 })).toEqual(["http://shop.staging.example.test:8443", "http://shop.staging.example.test:8443/api"]);
   });
 
   it("uses the branch host for a non-production branch", () => {
-    expect(appUrls(addressed({ isProduction: false }), router)[0]).toBe("http://shop-feature-x.staging.example.test");
+    expect(urlsOf(addressed({ isProduction: false }), router)[0]).toBe("http://shop-feature-x.staging.example.test");
   });
 
   it("a private app has no urls and no service urls", () => {
     const app = addressed({ visibility: "private" });
-    expect(appUrls(app, router)).toEqual([]);
+    expect(urlsOf(app, router)).toEqual([]);
     expect(serviceUrls(app, router).every((s) => s.url === null)).toBe(true);
   });
 
@@ -110,18 +113,18 @@ describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing s
       addressed({ deployStatus: "deploying", runningVersion: null }),
     ]) {
       expect(isServing(app)).toBe(false);
-      expect(appUrls(app, router)).toEqual([]);
+      expect(urlsOf(app, router)).toEqual([]);
       expect(serviceUrls(app, router).map((s) => s.url)).toEqual([null, null, null, null]);
     }
   });
 
   it("a failed deploy with an older version still serving keeps its front doors (rule 4)", () => {
-    expect(appUrls(addressed({ deployStatus: "failed", runningVersion: "main-1" }), router)).toHaveLength(2);
+    expect(urlsOf(addressed({ deployStatus: "failed", runningVersion: "main-1" }), router)).toHaveLength(2);
   });
 
   it("a service whose primary override is false is left out of urls but keeps its services[].url", () => {
     const app = addressed({ primaryOverrides: { api: false } });
-    expect(appUrls(app, router)).toEqual(["http://shop.staging.example.test"]);
+    expect(urlsOf(app, router)).toEqual(["http://shop.staging.example.test"]);
     expect(serviceUrls(app, router).find((s) => s.name === "api")?.url).toBe("http://shop.staging.example.test/api");
   });
 

@@ -63,10 +63,8 @@ export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceU
   });
 }
 
-/** Live front doors: the URL of each routed service that is primary (every one unless overridden). */
-export function appUrls(app: AddressedApp, router: RouterSettings): string[] {
-  const urls = serviceUrls(app, router)
-    .filter((s) => s.url !== null && app.primaryOverrides?.[s.name] !== false)
-    .map((s) => s.url!);
+/** Live front doors, from the app's serviceUrls: each routed service that is primary (every one unless overridden). */
+export function appUrls(app: Pick<App, "primaryOverrides">, services: ServiceUrl[]): string[] {
+  const urls = services.filter((s) => s.url !== null && app.primaryOverrides?.[s.name] !== false).map((s) => s.url!);
   return [...new Set(urls)];
 }

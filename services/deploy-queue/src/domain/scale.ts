@@ -9,6 +9,7 @@ import type { EntityManager } from "@platform/db";
 import { Action, Agent } from "../entities/index.ts";
 import { CONTAINER_ACTION_TYPES } from "./app-actions.ts";
 import { isLive } from "./agents.ts";
+import { reportsService, type InventoryEntry } from "./services-status.ts";
 
 export async function refuseScaleInFlight(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }): Promise<void> {
   const busy = await em.findOne(
@@ -29,11 +30,11 @@ export async function refuseScaleInFlight(em: EntityManager, target: { groupSlug
 /** Replicas of the service running now on live hosts, from their inventories; null when no live host reports. */
 export async function deployedReplicas(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }, service: string, now: Date): Promise<number | null> {
   const agents = (await em.find(Agent, {})).filter((a) => isLive(a.lastSeen, now));
-  const reports = agents.map((a) => a.facts?.inventory).filter((inv): inv is Array<Record<string, unknown>> => Array.isArray(inv));
+  const reports = agents.map((a) => a.facts?.inventory).filter((inv): inv is InventoryEntry[] => Array.isArray(inv));
   if (reports.length === 0) return null;
   return reports
     .flat()
-    .filter((e) => e.group === target.groupSlug && e.app === target.appName && e.branch === target.branch && e.service === service)
+    .filter((e) => reportsService(e, target, service))
     .reduce((n, e) => n + (Number(e.replicas_running) || 0), 0);
 }
 

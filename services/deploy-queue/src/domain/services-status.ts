@@ -32,12 +32,18 @@ export interface ServiceStatusView {
   runtime: ServiceRuntime;
 }
 
-interface InventoryEntry {
+/** One line of an agent's heartbeat inventory (agent/src/heartbeat.ts). */
+export interface InventoryEntry {
   group?: unknown;
   app?: unknown;
   branch?: unknown;
   service?: unknown;
   replicas_running?: unknown;
+}
+
+/** Whether an inventory line reports `service` of the app branch. */
+export function reportsService(e: InventoryEntry, target: { groupSlug: string; appName: string; branch: string }, service: string): boolean {
+  return e.group === target.groupSlug && e.app === target.appName && e.branch === target.branch && e.service === service;
 }
 
 export function servicesStatus(
@@ -53,7 +59,7 @@ export function servicesStatus(
   return services.map((name) => {
     if (target.isStatic) return { name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null } };
     const hostsRunning = inventories.filter((inv) =>
-      inv?.some((e) => e.group === target.groupSlug && e.app === target.appName && e.branch === target.branch && e.service === name && Number(e.replicas_running) > 0),
+      inv?.some((e) => reportsService(e, target, name) && Number(e.replicas_running) > 0),
     ).length;
     const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason } });
     if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null } };
