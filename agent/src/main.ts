@@ -1,3 +1,4 @@
+import "@platform/service/heap";
 import { agentEnv, loadConfigOrExit } from "@platform/config";
 import { runMain } from "@platform/service";
 import { build } from "./app.ts";

@@ -1,6 +1,7 @@
 /**
- * Who may call a route: every route declares its access in `config.access`, and one onRequest
- * hook enforces it before the body is even read (401, then 403, then group selection's 404).
+ * Who may call a route: every route declares its access in `config.access`, and an onRequest
+ * hook attached to the route enforces it before the body is even read (401, then 403, then group
+ * selection's 404).
  */
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import { create } from "@bufbuild/protobuf";
@@ -91,11 +92,7 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
   app.decorateRequest("principal", null);
   app.decorateRequest("explicitGroup", false);
 
-  app.addHook("onRequest", async (request: FastifyRequest) => {
-    if (request.is404) return;
-    const access: Access = request.routeOptions.config.access ?? { scope: "read" };
-    if (access.public) return;
-
+  const check = async (request: FastifyRequest, access: Access): Promise<void> => {
     const raw = readCredential(request.headers.authorization);
     if (!raw) throw PlatformError.unauthenticated(INVALID_CREDENTIAL);
     const principal = await authenticate(raw);
@@ -136,6 +133,14 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
     request.principal = principal;
     request.caller = caller;
     request.explicitGroup = explicit;
+  };
+
+  // The check is attached to each route that needs it, so public routes (health, docs) pay nothing.
+  app.addHook("onRoute", (route) => {
+    const access: Access = route.config?.access ?? { scope: "read" };
+    if (access.public) return;
+    const own = route.onRequest ? (Array.isArray(route.onRequest) ? route.onRequest : [route.onRequest]) : [];
+    route.onRequest = [(request: FastifyRequest) => check(request, access), ...own];
   });
 
   return {

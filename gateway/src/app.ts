@@ -48,6 +48,9 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     bodyLimit: config.BODY_LIMIT_BYTES,
     trustProxy: true,
     routerOptions: { ignoreTrailingSlash: true },
+    // Every line already carries the request's trace and span ids (the logger's mixin); a child
+    // logger per request would only add a request id, at a cost on every request.
+    childLoggerFactory: (parent) => parent,
   });
   const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
   const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL);

@@ -1,3 +1,4 @@
+import "@platform/service/heap";
 import { loadConfigOrExit, serviceEnv } from "@platform/config";
 import { runMain } from "@platform/service";
 import { build } from "./app.ts";
