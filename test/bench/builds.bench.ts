@@ -2,6 +2,11 @@
  * POST /api/builds throughput (issue: apps and builds, item 9a) against a baseline script doing
  * the same Postgres insert plus JetStream publish in the same run. Target: at least 40% of the
  * baseline's requests per second.
+ *
+ * What is measured is the API taking builds: the gateway, apps-builds writing the builds row and
+ * its event, and deploy-queue turning the events into queued actions, all running. No agent runs:
+ * one would spend the run cloning (and failing to clone) the bench's repository, a cost of the
+ * builds' execution, not of accepting them (the claim benchmark measures agents taking work).
  */
 import { randomUUID } from "node:crypto";
 import pg from "pg";
@@ -53,7 +58,7 @@ async function baseline(databaseUrl: string, natsUrl: string): Promise<Rate> {
 }
 
 export async function run(): Promise<Verdict[]> {
-  const fleet = await startTestFleet({ env: { LOG_LEVEL: "warn" } });
+  const fleet = await startTestFleet({ agent: false, env: { LOG_LEVEL: "warn" } });
   try {
     const created = await fetch(`${fleet.api}/groups`, {
       method: "POST",

@@ -14,7 +14,7 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 import type { Logger } from "@platform/logger";
-import { claimEvent, type MikroORM, type EntityManager } from "@platform/db";
+import { claimEvent, claimEvents, sqlPool, type MikroORM, type EntityManager } from "@platform/db";
 import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
 import { streams, type StreamDeclaration } from "./subjects.ts";
 
@@ -111,39 +111,51 @@ export interface OutboxRelay {
   stop(): Promise<void>;
 }
 
-const BATCH = 100;
+const BATCH = 500;
 
 /**
  * Publishes committed outbox rows, in commit order within one relay. Rows are locked with SKIP
  * LOCKED, so replicas of a service can relay side by side (their batches may then interleave:
  * consumers must not rely on order across entities); a publish repeated after a crash carries the
  * same `Nats-Msg-Id` and JetStream drops it as a duplicate.
+ *
+ * A batch's publishes go out together on the one connection (so still in order) and are awaited
+ * together: under load, rows committed while a batch is in flight make the next batch, and the
+ * relay's cost per event shrinks as the rate grows.
  */
 export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   let stopped = false;
   let running: Promise<number> | null = null;
   let again = false;
+  const pool = sqlPool(opts.orm);
 
-  const publishBatch = async (): Promise<number> =>
-    opts.orm.em.fork().transactional(async (tx) => {
-      const conn = tx.getConnection();
-      const ctx = tx.getTransactionContext();
-      const rows = await conn.execute<{ id: string; subject: string; payload: object; headers: Record<string, string> }[]>(
-        `select id, subject, payload, headers from outbox where published_at is null order by seq limit ${BATCH} for update skip locked`,
-        [],
-        "all",
-        ctx,
+  const publishBatch = async (): Promise<number> => {
+    const client = await (await pool).connect();
+    try {
+      await client.query("begin");
+      const { rows } = await client.query<{ id: string; subject: string; payload: object; headers: Record<string, string> }>({
+        name: "outbox-relay-select",
+        text: `select id, subject, payload, headers from outbox where published_at is null order by seq limit ${BATCH} for update skip locked`,
+      });
+      await Promise.all(
+        rows.map((row) => {
+          const h = natsHeaders();
+          for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
+          return opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, data: row.payload }), { msgID: row.id, headers: h });
+        }),
       );
-      for (const row of rows) {
-        const h = natsHeaders();
-        for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
-        await opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, data: row.payload }), { msgID: row.id, headers: h });
-      }
       if (rows.length > 0) {
-        await conn.execute("update outbox set published_at = now() where id in (?)", [rows.map((r) => r.id)], "run", ctx);
+        await client.query({ name: "outbox-relay-mark", text: "update outbox set published_at = now() where id = any($1::uuid[])", values: [rows.map((r) => r.id)] });
       }
+      await client.query("commit");
       return rows.length;
-    });
+    } catch (err) {
+      await client.query("rollback").catch(() => undefined);
+      throw err;
+    } finally {
+      client.release();
+    }
+  };
 
   const run = (): Promise<number> => {
     if (running) {
@@ -210,6 +222,89 @@ export interface RunningConsumer {
  * A handler that throws naks the message with a delay; JetStream redelivers it.
  */
 export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsumer> {
+  return consumeDurably(opts, async (msg) => {
+    const parent = extractTraceContext(headersCarrier(msg.headers));
+    try {
+      await withSpan(`consume ${msg.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } }, () => opts.handle(msg));
+      msg.ack();
+    } catch (err) {
+      opts.logger.warn({ err, subject: msg.subject }, "event handler failed; redelivering");
+      msg.nak(1000);
+    }
+  });
+}
+
+export interface BatchConsumerOptions extends Omit<ConsumerOptions, "handle"> {
+  /** Handles messages together (one transaction, say); throwing redelivers them. */
+  handleBatch: (msgs: JsMsg[]) => Promise<void>;
+  /** Most messages handled at once (default 256). */
+  maxBatch?: number;
+}
+
+/**
+ * A durable consumer like `runConsumer` whose handler takes what has arrived at once: a lone
+ * message is handled as soon as it comes (a batch of one), and messages that arrive while a batch
+ * is being handled make the next batch, so a burst costs one transaction per batch rather than
+ * one per message. When a batch fails, each of its messages is tried alone, so one bad message
+ * is redelivered without holding back the rest.
+ */
+export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<RunningConsumer> {
+  const max = opts.maxBatch ?? 256;
+  const pending: JsMsg[] = [];
+  let working: Promise<void> | null = null;
+
+  const handle = async (batch: JsMsg[]): Promise<void> => {
+    const contexts = batch.map((m) => extractTraceContext(headersCarrier(m.headers)));
+    const subject = batch[0]!.subject;
+    try {
+      await withSpan(
+        `consume ${subject}`,
+        {
+          kind: SpanKind.CONSUMER,
+          parent: batch.length === 1 ? contexts[0] : undefined,
+          links: batch.length === 1 ? undefined : contexts,
+          attributes: { "messaging.system": "nats", "messaging.destination.name": subject, "messaging.batch.message_count": batch.length },
+        },
+        () => opts.handleBatch(batch),
+      );
+      for (const m of batch) m.ack();
+    } catch (err) {
+      if (batch.length > 1) {
+        for (const m of batch) await handle([m]);
+        return;
+      }
+      opts.logger.warn({ err, subject }, "event handler failed; redelivering");
+      batch[0]!.nak(1000);
+    }
+  };
+  // Starts on the next macrotask, by when every message already buffered has been taken in.
+  const kick = (): void => {
+    working ??= new Promise<void>((resolve) => setImmediate(resolve))
+      .then(async () => {
+        while (pending.length > 0) await handle(pending.splice(0, max));
+      })
+      .finally(() => {
+        working = null;
+        if (pending.length > 0) kick();
+      });
+  };
+
+  const consumer = await consumeDurably(opts, async (msg) => {
+    pending.push(msg);
+    kick();
+    // Two batches waiting: take no more until one is done.
+    if (pending.length >= 2 * max) await working;
+  }, max);
+  return {
+    async stop() {
+      await consumer.stop();
+      while (working) await working;
+    },
+  };
+}
+
+/** The durable consumer and its `consume()` loop, shared by both consumer shapes. */
+async function consumeDurably(opts: Omit<ConsumerOptions, "handle">, take: (msg: JsMsg) => Promise<void>, buffered = 64): Promise<RunningConsumer> {
   const { jsm, js } = opts.bus;
   await jsm.consumers
     .add(opts.stream, {
@@ -231,7 +326,7 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
     while (!stopped) {
       try {
         const consumer = await js.consumers.get(opts.stream, opts.durable);
-        const messages = await consumer.consume({ max_messages: 64 });
+        const messages = await consumer.consume({ max_messages: buffered });
         current = messages;
         // stop() may have run while the consumer was being set up.
         if (stopped) {
@@ -239,14 +334,7 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
           break;
         }
         for await (const msg of messages) {
-          const parent = extractTraceContext(headersCarrier(msg.headers));
-          try {
-            await withSpan(`consume ${msg.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } }, () => opts.handle(msg));
-            msg.ack();
-          } catch (err) {
-            opts.logger.warn({ err, subject: msg.subject }, "event handler failed; redelivering");
-            msg.nak(1000);
-          }
+          await take(msg);
           if (stopped) break;
         }
       } catch (err) {
@@ -288,6 +376,32 @@ export async function handleOnce(
     if (!(await claimEvent(em, consumer, event.id))) return false;
     await handle(em, event);
     return true;
+  });
+}
+
+/**
+ * `handleOnce` for a batch: one transaction records every event id and runs `handle` with the
+ * events not handled before (none is lost: the ledger rows and the handler's writes commit
+ * together). A message that is not an outbox event is terminated, as in `handleOnce`.
+ */
+export async function handleBatchOnce(
+  orm: MikroORM,
+  consumer: string,
+  msgs: JsMsg[],
+  handle: (em: EntityManager, events: EventEnvelope[]) => Promise<void>,
+): Promise<EventEnvelope[]> {
+  const events: EventEnvelope[] = [];
+  for (const msg of msgs) {
+    const event = msg.json<EventEnvelope>();
+    if (typeof event.id === "string" && event.id) events.push(event);
+    else msg.term();
+  }
+  if (events.length === 0) return [];
+  return orm.em.fork().transactional(async (em) => {
+    const fresh = await claimEvents(em, consumer, events.map((e) => e.id));
+    const todo = events.filter((e) => fresh.delete(e.id));
+    if (todo.length > 0) await handle(em, todo);
+    return todo;
   });
 }
 

@@ -9,7 +9,9 @@ import { enqueueEvent, openDatabase, type MikroORM } from "@platform/db";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import {
   connectBus,
+  handleBatchOnce,
   handleOnce,
+  runBatchConsumer,
   runConsumer,
   startOutboxRelay,
   subjects,
@@ -336,6 +338,91 @@ describe("consumers", () => {
     await new Promise((resolve) => setTimeout(resolve, 300));
     expect(first).toEqual(["d1"]);
     expect(second).toEqual(["d2"]);
+  });
+});
+
+describe("batch consumers", () => {
+  async function batchConsumer(durable: string, subject: string, handleBatch: (msgs: JsMsg[]) => Promise<void>, maxBatch?: number): Promise<RunningConsumer> {
+    const c = await runBatchConsumer({ bus, stream: streamName, durable, filterSubject: bus.subject(subject), logger, handleBatch, maxBatch });
+    stoppers.push(() => c.stop());
+    return c;
+  }
+
+  it("handles a lone message at once, and a burst in fewer batches than messages, in order and once each", async () => {
+    const s = "events.test.burst";
+    const batches: string[][] = [];
+    await batchConsumer(
+      "burst",
+      s,
+      async (msgs) => {
+        const handled = await handleBatchOnce(orm, "burst", msgs, async () => {
+          // Slow enough that the rest of the burst arrives while this batch is handled.
+          await new Promise((r) => setTimeout(r, 30));
+        });
+        batches.push(handled.map((e) => e.id));
+      },
+      50,
+    );
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "lone", data: {} }));
+    await expect.poll(() => batches.flat(), { timeout: 10_000, interval: 20 }).toEqual(["lone"]);
+    expect(batches).toEqual([["lone"]]);
+
+    const ids = Array.from({ length: 120 }, (_, i) => `burst-${i}`);
+    await Promise.all(ids.map((id) => bus.js.publish(bus.subject(s), JSON.stringify({ id, data: {} }))));
+    await expect.poll(() => batches.flat().length, { timeout: 10_000, interval: 20 }).toBe(121);
+    expect(batches.flat()).toEqual(["lone", ...ids]);
+    expect(batches.length).toBeLessThan(20);
+    expect(Math.max(...batches.map((b) => b.length))).toBeLessThanOrEqual(50);
+    await expect
+      .poll(async () => {
+        const info = await bus.jsm.consumers.info(streamName, "burst");
+        return info.num_ack_pending + info.num_pending;
+      }, { timeout: 5_000, interval: 100 })
+      .toBe(0);
+  });
+
+  it("handles an event once whether it comes twice in one batch or again later", async () => {
+    const s = "events.test.batch_once";
+    const handled: string[] = [];
+    await batchConsumer("batch-once", s, async (msgs) => {
+      await handleBatchOnce(orm, "batch-once", msgs, async (em, events) => {
+        for (const e of events) {
+          handled.push(e.id);
+          enqueueEvent(em, "events.test.batch_once_followup", { about: e.id });
+        }
+      });
+    });
+    const payload = (id: string) => JSON.stringify({ id, data: {} });
+    await Promise.all([
+      bus.js.publish(bus.subject(s), payload("b1"), { msgID: "b1-copy-1" }),
+      bus.js.publish(bus.subject(s), payload("b1"), { msgID: "b1-copy-2" }),
+      bus.js.publish(bus.subject(s), payload("b2")),
+    ]);
+    await expect.poll(() => handled.length, { timeout: 10_000, interval: 20 }).toBe(2);
+    await bus.js.publish(bus.subject(s), payload("b2"), { msgID: "b2-again" });
+    await bus.js.publish(bus.subject(s), payload("b3"));
+    await expect.poll(() => handled.length, { timeout: 10_000, interval: 20 }).toBe(3);
+    expect(handled).toEqual(["b1", "b2", "b3"]);
+    const followups = await db.query("select payload->>'about' as about from bus_test.outbox where subject = 'events.test.batch_once_followup' order by seq");
+    expect(followups.rows.map((r) => r.about)).toEqual(["b1", "b2", "b3"]);
+  });
+
+  it("redelivers only the message that fails, the rest of its batch is handled", async () => {
+    const s = "events.test.batch_poison";
+    const handled: string[] = [];
+    let poisonAttempts = 0;
+    await batchConsumer("batch-poison", s, async (msgs) => {
+      await handleBatchOnce(orm, "batch-poison", msgs, async (_em, events) => {
+        if (events.some((e) => e.id === "poison") && poisonAttempts++ < 2) throw new Error("cannot handle poison yet");
+        handled.push(...events.map((e) => e.id));
+      });
+    });
+    await Promise.all(["p1", "poison", "p2"].map((id) => bus.js.publish(bus.subject(s), JSON.stringify({ id, data: {} }))));
+    await expect.poll(() => [...handled].sort(), { timeout: 15_000, interval: 50 }).toEqual(["p1", "p2", "poison"]);
+    // The good messages were handled without waiting for the poison's redelivery.
+    expect(handled.indexOf("poison")).toBe(2);
+    const ledger = await db.query("select count(*)::int as n from bus_test.processed_events where consumer = 'batch-poison'");
+    expect(ledger.rows[0]).toEqual({ n: 3 });
   });
 });
 

@@ -66,11 +66,26 @@ export const outboxMigration = { name: "0000_outbox", class: OutboxTables };
  * goes with it, so the consumer's work joins the trace of the request that caused it.
  */
 export function enqueueEvent(em: EntityManager, subject: string, payload: Record<string, unknown>): string {
-  const id = randomUUID();
+  const event = outboxEvent(subject, payload);
+  em.create(OutboxEvent, event);
+  return event.id;
+}
+
+export interface OutboxRow {
+  id: string;
+  subject: string;
+  payload: Record<string, unknown>;
+  headers: Record<string, string>;
+}
+
+/**
+ * The outbox row of an event, for a write that inserts it with SQL of its own (see `sqlPool`):
+ * it must go into the same statement or transaction as the rows it announces.
+ */
+export function outboxEvent(subject: string, payload: Record<string, unknown>): OutboxRow {
   const headers: Record<string, string> = {};
   injectTraceContext({ set: (k, v) => void (headers[k] = v), get: (k) => headers[k] });
-  em.create(OutboxEvent, { id, subject, payload, headers });
-  return id;
+  return { id: randomUUID(), subject, payload, headers };
 }
 
 /**
@@ -87,4 +102,21 @@ export async function claimEvent(em: EntityManager, consumer: string, eventId: s
       em.getTransactionContext(),
     );
   return rows.length > 0;
+}
+
+/**
+ * `claimEvent` for a batch: records every id in one statement and returns those not handled
+ * before (an id twice in the batch counts once).
+ */
+export async function claimEvents(em: EntityManager, consumer: string, eventIds: string[]): Promise<Set<string>> {
+  if (eventIds.length === 0) return new Set();
+  const rows = await em
+    .getConnection()
+    .execute<{ event_id: string }[]>(
+      "insert into processed_events (consumer, event_id) select ?, unnest(array[?]::text[]) on conflict do nothing returning event_id",
+      [consumer, eventIds],
+      "all",
+      em.getTransactionContext(),
+    );
+  return new Set(rows.map((r) => r.event_id));
 }

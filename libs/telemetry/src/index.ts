@@ -39,14 +39,19 @@ export function extractTraceContext(carrier: HeaderCarrier): Context {
 
 /**
  * Runs `fn` inside a span that ends with the promise, ERROR status and `error.type` on a throw.
+ * `links` join work done for several traces at once (a batch of messages) to each of them.
  */
 export async function withSpan<T>(
   name: string,
-  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context },
+  options: { kind?: SpanKind; attributes?: Attributes; parent?: Context; links?: Context[] },
   fn: (span: Span) => Promise<T>,
 ): Promise<T> {
   const parent = options.parent ?? context.active();
-  return tracer.startActiveSpan(name, { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes }, parent, async (span) => {
+  const links = options.links?.flatMap((c) => {
+    const linked = trace.getSpanContext(c);
+    return linked ? [{ context: linked }] : [];
+  });
+  return tracer.startActiveSpan(name, { kind: options.kind ?? SpanKind.INTERNAL, attributes: options.attributes, links }, parent, async (span) => {
     try {
       return await fn(span);
     } catch (err) {

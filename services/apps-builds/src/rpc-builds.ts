@@ -4,7 +4,8 @@ import { allowFileRepos } from "@platform/config";
 import { BuildSchema, type Build as BuildMsg } from "@platform/proto";
 import { requireCaller } from "@platform/caller";
 import type { Build } from "./entities/index.ts";
-import { buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild } from "./domain/builds.ts";
+import { sqlPool } from "@platform/db";
+import { buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild, triggerBuildOfRegisteredApp } from "./domain/builds.ts";
 import type { AppsBuildsContext, Handlers } from "./rpc.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
@@ -39,25 +40,22 @@ export function buildMsg(b: Build, withLog = false): BuildMsg {
 
 export function buildHandlers(ctx: AppsBuildsContext): Handlers {
   const policy = { allowFileRepos: allowFileRepos(ctx.config) };
+  const db = sqlPool(ctx.orm);
   return {
     async triggerBuild(req) {
       const caller = requireCaller(req.caller);
-      const { build, registered } = await ctx.write((em) =>
-        triggerBuild(
-          em,
-          caller,
-          {
-            appName: req.appName,
-            repository: req.repository,
-            branch: req.branch || "main",
-            autoDeploy: req.autoDeploy,
-            configPath: req.configPath,
-            skipPreflight: req.skipPreflight,
-          },
-          policy,
-        ),
-      );
-      return { tag: build.tag, actionId: build.id, buildId: build.id, status: "queued", registered };
+      const input = {
+        appName: req.appName,
+        repository: req.repository,
+        branch: req.branch || "main",
+        autoDeploy: req.autoDeploy,
+        configPath: req.configPath,
+        skipPreflight: req.skipPreflight,
+      };
+      const triggered =
+        (await triggerBuildOfRegisteredApp(await db, caller, input)) ?? (await ctx.write((em) => triggerBuild(em, caller, input, policy)));
+      ctx.relay.kick();
+      return { tag: triggered.tag, actionId: triggered.buildId, buildId: triggered.buildId, status: "queued", registered: triggered.registered };
     },
 
     async listBuilds(req) {

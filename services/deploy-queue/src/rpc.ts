@@ -184,7 +184,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             dispatched,
           ),
         );
-        await publishDispatched(ctx.bus, dispatched, ctx.logger);
+        await publishDispatched(ctx, dispatched);
         return { deploymentId: action.id, actionId: action.id, status: "queued", imageTag: action.imageTag ?? "", appName: action.appName, branch: action.branch };
       },
 
@@ -310,7 +310,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           default:
             throw PlatformError.invalid(`Unknown app action '${type}'.`);
         }
-        await publishDispatched(ctx.bus, dispatched, ctx.logger);
+        await publishDispatched(ctx, dispatched);
         return {
           actionIds: result.actions.map((a) => a.id),
           appName: target.appName,
@@ -386,7 +386,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               dispatched,
             );
           });
-          await publishDispatched(ctx.bus, dispatched, ctx.logger);
+          await publishDispatched(ctx, dispatched);
           return { ...base, actionId: action.id, noop: false };
         } catch (err) {
           const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date())).catch(() => null);

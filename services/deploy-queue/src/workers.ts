@@ -4,12 +4,11 @@
  * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
  * of silent agents, pruning of terminal rows).
  */
-import { handleOnce, runConsumer, subjects, traceHeaders, type Bus, type EventEnvelope, type RunningConsumer } from "@platform/bus";
-import type { Logger } from "@platform/logger";
-import type { EntityManager } from "@platform/db";
+import { handleBatchOnce, runBatchConsumer, subjects, traceHeaders, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
+import { sqlPool, type EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
-import { acceptBuildRequest, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
+import { acceptBuildRequests, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
 import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 import { failOrphanedActions } from "./domain/orphans.ts";
@@ -21,52 +20,71 @@ const REDISPATCH_INTERVAL_MS = 30_000;
 /**
  * Publishes committed work messages at once, as the relay would (envelope `{id, data}`,
  * `Nats-Msg-Id` = the outbox event id), so an agent need not wait for the relay's next batch.
- * Only after the transaction that enqueued them has committed. A failure is left to the relay,
- * which publishes every outbox row anyway; its copy is dropped by JetStream as a duplicate.
+ * Only after the transaction that enqueued them has committed. The rows of the messages sent are
+ * then marked published, so the relay does not send them again; a failure leaves them to the
+ * relay, whose copy of anything sent twice JetStream drops as a duplicate.
  */
-export async function publishDispatched(bus: Bus, dispatched: Dispatched[], logger: Logger): Promise<void> {
-  for (const d of dispatched) {
-    try {
-      await bus.js.publish(bus.subject(d.subject), JSON.stringify({ id: d.eventId, data: d.message }), { msgID: d.eventId, headers: traceHeaders() });
-    } catch (err) {
-      logger.warn({ err, action_id: d.message.action_id }, "work message not published at once; the outbox relay will");
-    }
-  }
+export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" | "logger">, dispatched: Dispatched[]): Promise<void> {
+  if (dispatched.length === 0) return;
+  const { bus } = ctx;
+  const sent = await Promise.all(
+    dispatched.map((d) =>
+      bus.js.publish(bus.subject(d.subject), JSON.stringify({ id: d.eventId, data: d.message }), { msgID: d.eventId, headers: traceHeaders() }).then(
+        () => d.eventId,
+        (err: unknown) => {
+          ctx.logger.warn({ err, action_id: d.message.action_id }, "work message not published at once; the outbox relay will");
+          return null;
+        },
+      ),
+    ),
+  );
+  const ids = sent.filter((id): id is string => id !== null);
+  if (ids.length === 0) return;
+  await (await sqlPool(ctx.orm))
+    .query({ name: "outbox-mark-dispatched", text: "update outbox set published_at = now() where id = any($1::uuid[]) and published_at is null", values: [ids] })
+    .catch((err: unknown) => ctx.logger.warn({ err }, "could not mark work messages published; the relay will send them again"));
 }
 
 /**
- * A durable, idempotent consumer of one event subject that turns each event into queue actions:
- * `parse` checks the event (a malformed one is terminated: redelivering it would never make it
- * valid), `accept` writes the actions in the transaction that records the event as handled, and
- * once that has committed their work messages go out at once rather than at the relay's next batch.
+ * A durable, idempotent consumer of one event subject that turns events into queue actions, a
+ * batch of events at a time: `parse` checks each event (a malformed one is terminated:
+ * redelivering it would never make it valid), `accept` writes the actions of the batch in the
+ * transaction that records its events as handled, and once that has committed their work
+ * messages go out at once rather than at the relay's next batch.
  */
 function startIntake<T>(
   ctx: ServiceContext,
-  opts: { durable: string; subject: string; ledger: string; parse(data: Record<string, unknown>): T; accept(em: EntityManager, event: T, dispatched: Dispatched[]): Promise<void> },
+  opts: { durable: string; subject: string; ledger: string; parse(data: Record<string, unknown>): T; accept(em: EntityManager, events: T[], dispatched: Dispatched[]): Promise<void> },
 ): Promise<RunningConsumer> {
   const { bus } = ctx;
-  return runConsumer({
+  return runBatchConsumer({
     bus,
     stream: subjects.streams(bus.prefix).events.name,
     durable: opts.durable,
     filterSubject: bus.subject(opts.subject),
     logger: ctx.logger,
-    async handle(msg) {
-      let event: T;
-      try {
-        event = opts.parse(msg.json<EventEnvelope>().data ?? {});
-      } catch (err) {
-        ctx.logger.error({ err, subject: msg.subject }, "malformed event dropped");
-        msg.term("malformed event");
-        return;
+    async handleBatch(msgs) {
+      const wellFormed: JsMsg[] = [];
+      for (const msg of msgs) {
+        try {
+          opts.parse(msg.json<EventEnvelope>().data ?? {});
+          wellFormed.push(msg);
+        } catch (err) {
+          ctx.logger.error({ err, subject: msg.subject }, "malformed event dropped");
+          msg.term("malformed event");
+        }
       }
       const dispatched: Dispatched[] = [];
-      const handled = await handleOnce(ctx.orm, opts.ledger, msg, async (em) => {
+      const handled = await handleBatchOnce(ctx.orm, opts.ledger, wellFormed, async (em, events) => {
         dispatched.length = 0;
-        await opts.accept(em, event, dispatched);
+        await opts.accept(
+          em,
+          events.map((e) => opts.parse(e.data ?? {})),
+          dispatched,
+        );
       });
-      if (handled) {
-        await publishDispatched(bus, dispatched, ctx.logger);
+      if (handled.length > 0) {
+        await publishDispatched(ctx, dispatched);
         ctx.relay.kick();
       }
     },
@@ -80,9 +98,9 @@ export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningC
     subject: subjects.events.buildRequested,
     ledger: "deploy-queue.build-requested",
     parse: parseBuildRequested,
-    async accept(em, request, dispatched) {
-      const created = await acceptBuildRequest(em, request, new Date(), dispatched);
-      if (created.length > 0) ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`), app: created[0]!.appName }, "build request queued");
+    async accept(em, requests, dispatched) {
+      const created = await acceptBuildRequests(em, requests, new Date(), dispatched);
+      if (created.length > 0) ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`) }, "build requests queued");
     },
   });
 }
@@ -114,8 +132,10 @@ export function startReconcileConsumer(ctx: ServiceContext): Promise<RunningCons
     subject: subjects.events.reconcileRequested,
     ledger: "deploy-queue.reconcile-requested",
     parse: parseReconcileRequested,
-    async accept(em, r, dispatched) {
-      await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: r.group_slug, appName: r.app_name, branch: r.branch }, r.requested_by, new Date(), dispatched);
+    async accept(em, requests, dispatched) {
+      for (const r of requests) {
+        await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: r.group_slug, appName: r.app_name, branch: r.branch }, r.requested_by, new Date(), dispatched);
+      }
     },
   });
 }

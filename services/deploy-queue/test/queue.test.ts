@@ -501,11 +501,16 @@ describe("prioritize", () => {
 describe("events", () => {
   it("announces every state change as action_updated with the live lifecycle name", async () => {
     const { buildId, req } = await queueBuild({ auto_deploy: false, deploy_action_id: null });
+    const auto = await queueBuild({});
     await claim(buildId, "h-events");
     await client.reportProgress({ actionId: buildId, hostId: "h-events", phase: "clone" });
     await client.completeAction({ actionId: buildId, hostId: "h-events", status: "completed", resultJson: '{"commit_hash":"abc"}' });
     const mine = () => updates.filter((e) => e.data.action_id === buildId).map((e) => e.data);
-    await expect.poll(() => mine().map((d) => d.queue_status), { timeout: 10_000 }).toEqual(["queued", "build_in_progress", "build_in_progress", "build_completed"]);
+    // A BUILD's queued state is not news (apps-builds wrote the builds row queued when it asked
+    // for it); its DEPLOY's is, to the app's last_deploy_* fields.
+    await expect.poll(() => mine().map((d) => d.queue_status), { timeout: 10_000 }).toEqual(["build_in_progress", "build_in_progress", "build_completed"]);
+    await expect.poll(() => updates.filter((e) => e.data.action_id === auto.deployId).map((e) => e.data.status), { timeout: 10_000 }).toEqual(["queued"]);
+    expect(updates.some((e) => e.data.action_id === auto.buildId)).toBe(false);
     const last = mine().at(-1)!;
     expect(last).toMatchObject({
       action_id: buildId,

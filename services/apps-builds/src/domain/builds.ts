@@ -4,7 +4,7 @@
  */
 import { randomBytes, randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
-import { enqueueEvent, type EntityManager } from "@platform/db";
+import { enqueueEvent, outboxEvent, type EntityManager, type SqlPool } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
@@ -37,11 +37,8 @@ export interface BuildRequested {
 }
 
 /** `{branch}-{hash}`: the branch's hostname label and a short random hex, unique per app. */
-export async function generateTag(em: EntityManager, app: App): Promise<string> {
-  for (;;) {
-    const tag = `${app.branchLabel}-${randomBytes(4).toString("hex")}`;
-    if (!(await em.findOne(Build, { appName: app.appName, tag }))) return tag;
-  }
+export function newTag(app: Pick<App, "branchLabel">): string {
+  return `${app.branchLabel}-${randomBytes(4).toString("hex")}`;
 }
 
 function visibleGroupFilter(caller: Caller, explicitGroup: boolean): { groupSlug?: string } {
@@ -49,63 +46,134 @@ function visibleGroupFilter(caller: Caller, explicitGroup: boolean): { groupSlug
   return { groupSlug: caller.selectedGroup };
 }
 
-export async function triggerBuild(
-  em: EntityManager,
-  caller: Caller,
-  input: TriggerInput,
-  policy: RepositoryPolicy,
-): Promise<{ build: Build; app: App; registered: boolean }> {
-  const baseName = appNameFrom(input.appName);
-  const branch = input.branch || "main";
+/** What building needs to know of an app: the columns `appForBuild` reads. */
+export type BuildableApp = Pick<App, "id" | "appName" | "displayName" | "groupSlug" | "branch" | "branchLabel" | "repository" | "configPath" | "preflightStatus">;
+
+/** A build accepted by POST /api/builds: its row and the event asking deploy-queue for its actions. */
+export interface AcceptedBuild {
+  row: { id: string; appId: string; appName: string; displayName: string; groupSlug: string; branch: string; tag: string; autoDeploy: boolean; deployActionId: string | null; createdBy: string };
+  event: BuildRequested;
+}
+
+/** Where the build goes: the caller's group, the branch (default main). */
+function buildTarget(caller: Caller, input: TriggerInput): { group: string; branch: string; baseName: string } {
   const group = caller.selectedGroup;
   if (!group || !canSeeGroup(caller, group)) throw PlatformError.invalid("Select the group to build in (?group=).");
+  return { group, branch: input.branch || "main", baseName: appNameFrom(input.appName) };
+}
+
+/** The rules a build of a registered app must pass: the same repository, and preflight (spec 3.3). */
+function admitBuild(app: BuildableApp, input: TriggerInput): void {
+  if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
+    throw PlatformError.conflict({
+      code: "repository_mismatch",
+      message: `App '${app.appName}' (branch ${app.branch}) builds from ${app.repository}, not ${input.repository}.`,
+      repository: app.repository,
+    });
+  }
+  if (!input.skipPreflight) requirePreflightPassed(app);
+}
+
+/** The queued builds row (a fresh tag) and its build_requested event (spec 3.1). */
+export function acceptBuild(app: BuildableApp, caller: Caller, input: TriggerInput): AcceptedBuild {
+  const autoDeploy = input.autoDeploy ?? true;
+  const createdBy = `${caller.kind}:${caller.principalId}`;
+  const id = randomUUID();
+  const tag = newTag(app);
+  const deployActionId = autoDeploy ? randomUUID() : null;
+  return {
+    row: { id, appId: app.id, appName: app.appName, displayName: app.displayName, groupSlug: app.groupSlug, branch: app.branch, tag, autoDeploy, deployActionId, createdBy },
+    event: {
+      build_id: id,
+      deploy_action_id: deployActionId,
+      app_name: app.appName,
+      branch: app.branch,
+      group_slug: app.groupSlug,
+      tag,
+      repository: app.repository,
+      config_path: app.configPath,
+      auto_deploy: autoDeploy,
+      created_by: createdBy,
+    },
+  };
+}
+
+export interface TriggeredBuild {
+  buildId: string;
+  tag: string;
+  registered: boolean;
+}
+
+const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, branch_label, repository, config_path, preflight_status
+  from apps where group_slug = $1 and branch = $2 and (app_name = $3 or base_name = $3) limit 1`;
+
+/** The builds row and its outbox event in one statement: both are written, or neither. */
+const INSERT_BUILD = `with b as (
+    insert into builds (id, app_id, app_name, display_name, group_slug, branch, tag, status, queue_status, codebuild_phase, auto_deploy, deploy_action_id, created_by)
+    values ($1, $2, $3, $4, $5, $6, $7, 'queued', 'queued', 'SUBMITTED', $8, $9, $10)
+    on conflict (app_name, tag) do nothing
+    returning id)
+  insert into outbox (id, subject, payload, headers) select $11, $12, $13, $14 from b returning id`;
+
+/**
+ * POST /api/builds of an app that is registered: one read and one statement, no ORM unit of work
+ * (this is the platform's hottest write). Null when the app is not registered (or was deleted
+ * under us): `triggerBuild` registers it and builds in one transaction.
+ */
+export async function triggerBuildOfRegisteredApp(db: SqlPool, caller: Caller, input: TriggerInput): Promise<TriggeredBuild | null> {
+  const { group, branch, baseName } = buildTarget(caller, input);
+  const { rows } = await db.query<Record<string, string>>({ name: "apps-for-build", text: APP_FOR_BUILD, values: [group, branch, baseName] });
+  const r = rows[0];
+  if (!r) return null;
+  const app: BuildableApp = {
+    id: r.id!,
+    appName: r.app_name!,
+    displayName: r.display_name!,
+    groupSlug: r.group_slug!,
+    branch: r.branch!,
+    branchLabel: r.branch_label!,
+    repository: r.repository!,
+    configPath: r.config_path!,
+    preflightStatus: r.preflight_status!,
+  };
+  admitBuild(app, input);
+  // A tag already taken (4 random bytes: rare) is drawn again.
+  for (;;) {
+    const { row, event } = acceptBuild(app, caller, input);
+    const outbox = outboxEvent(subjects.events.buildRequested, { ...event });
+    try {
+      const inserted = await db.query({
+        name: "builds-insert",
+        text: INSERT_BUILD,
+        values: [row.id, row.appId, row.appName, row.displayName, row.groupSlug, row.branch, row.tag, row.autoDeploy, row.deployActionId, row.createdBy, outbox.id, outbox.subject, outbox.payload, outbox.headers],
+      });
+      if (inserted.rowCount === 1) return { buildId: row.id, tag: row.tag, registered: false };
+    } catch (err) {
+      if ((err as { code?: string }).code === FOREIGN_KEY_VIOLATION) return null;
+      throw err;
+    }
+  }
+}
+
+const FOREIGN_KEY_VIOLATION = "23503";
+
+/** POST /api/builds through the ORM, registering the app first when it is unknown (spec 4.3). */
+export async function triggerBuild(em: EntityManager, caller: Caller, input: TriggerInput, policy: RepositoryPolicy): Promise<TriggeredBuild> {
+  const { group, branch, baseName } = buildTarget(caller, input);
   let app = await em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] });
   let registered = false;
   if (!app) {
     ({ app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy));
     registered = true;
-  } else if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
-    throw PlatformError.conflict({
-      code: "repository_mismatch",
-      message: `App '${app.appName}' (branch ${branch}) builds from ${app.repository}, not ${input.repository}.`,
-      repository: app.repository,
-    });
   }
-  if (!input.skipPreflight) requirePreflightPassed(app);
-
-  const tag = await generateTag(em, app);
-  const autoDeploy = input.autoDeploy ?? true;
-  const createdBy = `${caller.kind}:${caller.principalId}`;
-  const build = em.create(Build, {
-    id: randomUUID(),
-    appId: app.id,
-    appName: app.appName,
-    displayName: app.displayName,
-    groupSlug: app.groupSlug,
-    branch: app.branch,
-    tag,
-    status: "queued",
-    queueStatus: "queued",
-    codebuildPhase: "SUBMITTED",
-    images: [],
-    autoDeploy,
-    deployActionId: autoDeploy ? randomUUID() : null,
-    createdBy,
-  });
-  const event: BuildRequested = {
-    build_id: build.id,
-    deploy_action_id: build.deployActionId ?? null,
-    app_name: app.appName,
-    branch: app.branch,
-    group_slug: app.groupSlug,
-    tag,
-    repository: app.repository,
-    config_path: app.configPath,
-    auto_deploy: autoDeploy,
-    created_by: createdBy,
-  };
-  enqueueEvent(em, subjects.events.buildRequested, { ...event });
-  return { build, app, registered };
+  admitBuild(app, input);
+  for (;;) {
+    const { row, event } = acceptBuild(app, caller, input);
+    if (await em.findOne(Build, { appName: row.appName, tag: row.tag })) continue;
+    em.create(Build, { ...row, status: "queued", queueStatus: "queued", codebuildPhase: "SUBMITTED", images: [] });
+    enqueueEvent(em, subjects.events.buildRequested, { ...event });
+    return { buildId: row.id, tag: row.tag, registered };
+  }
 }
 
 /**
@@ -219,6 +287,14 @@ export interface BuildResult {
 }
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+
+/** `applyActionUpdate` for updates in the order they were announced, the builds rows read at once. */
+export async function applyActionUpdates(em: EntityManager, updates: ActionUpdate[]): Promise<void> {
+  const buildIds = updates.filter((u) => u.action_type === "BUILD").map((u) => u.action_id);
+  // Loaded into the identity map, where applyActionUpdate's lookups by id find them.
+  if (buildIds.length > 0) await em.find(Build, { id: { $in: buildIds } });
+  for (const update of updates) await applyActionUpdate(em, update);
+}
 
 /**
  * Keeps the builds row in step with its BUILD action: `queue_status` and the phase follow along,

@@ -52,7 +52,7 @@ export function applyPreflightAnswer(app: App, nonce: number, answer: PreflightA
 }
 
 /** Build, deploy and retry are refused with remediation text while the app is quarantined. */
-export function requirePreflightPassed(app: App): void {
+export function requirePreflightPassed(app: Pick<App, "preflightStatus" | "appName" | "branch" | "configPath">): void {
   if (app.preflightStatus === "ready" || app.preflightStatus === "exempt") return;
   const remedy: Record<string, string> = {
     pending: "The repository check has not finished yet; try again in a moment.",

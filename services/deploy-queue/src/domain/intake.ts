@@ -65,7 +65,35 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
  * messages enqueued are added to `dispatched` (see publishDispatched).
  */
 export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date, dispatched?: Dispatched[]): Promise<Action[]> {
-  if (await em.findOne(Action, { id: req.build_id })) return [];
+  return acceptBuildRequests(em, [req], now, dispatched);
+}
+
+/**
+ * `acceptBuildRequest` for the requests of one batch of events: one read of what exists and of
+ * the agents' loads for all of them, placement kept up to date as each is dispatched.
+ */
+export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequested[], now: Date, dispatched?: Dispatched[]): Promise<Action[]> {
+  if (reqs.length === 0) return [];
+  const existing = await em.find(Action, { id: { $in: reqs.map((r) => r.build_id) } }, { fields: ["id"] });
+  const seen = new Set(existing.map((a) => a.id));
+  const loads = await agentLoads(em, now);
+  const created: Action[] = [];
+  for (const req of reqs) {
+    if (seen.has(req.build_id)) continue;
+    seen.add(req.build_id);
+    const actions = newBuildActions(em, req, now);
+    const buildHost = await dispatch(em, actions[0]!, now, { loads, dispatched });
+    for (const action of actions.slice(1)) await dispatch(em, action, now, { loads, preferHost: buildHost, dispatched });
+    // The BUILD is not announced: its queued state is what apps-builds wrote in the builds row
+    // when it asked for it. The DEPLOY is news to the app's last_deploy_* fields.
+    for (const action of actions.slice(1)) announce(em, action, now);
+    created.push(...actions);
+  }
+  return created;
+}
+
+/** The BUILD action of a request and, with auto-deploy, the DEPLOY that waits for it. */
+function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Action[] {
   const common = {
     groupSlug: req.group_slug,
     appName: req.app_name,
@@ -94,29 +122,21 @@ export async function acceptBuildRequest(em: EntityManager, req: BuildRequested,
       group_slug: req.group_slug,
     },
   });
-  const created = [build];
-  if (req.auto_deploy && req.deploy_action_id) {
-    created.push(
-      em.create(Action, {
-        ...common,
-        id: req.deploy_action_id,
-        actionType: "DEPLOY",
-        dependsOn: build.id,
-        payload: {
-          deployment_id: req.deploy_action_id,
-          build_id: req.build_id,
-          app_name: req.app_name,
-          branch: req.branch,
-          group_slug: req.group_slug,
-          image_tag: req.tag,
-          config_path: req.config_path,
-        },
-      }),
-    );
-  }
-  const loads = await agentLoads(em, now);
-  const buildHost = await dispatch(em, build, now, { loads, dispatched });
-  for (const action of created.slice(1)) await dispatch(em, action, now, { loads, preferHost: buildHost, dispatched });
-  for (const action of created) announce(em, action, now);
-  return created;
+  if (!req.auto_deploy || !req.deploy_action_id) return [build];
+  const deploy = em.create(Action, {
+    ...common,
+    id: req.deploy_action_id,
+    actionType: "DEPLOY",
+    dependsOn: build.id,
+    payload: {
+      deployment_id: req.deploy_action_id,
+      build_id: req.build_id,
+      app_name: req.app_name,
+      branch: req.branch,
+      group_slug: req.group_slug,
+      image_tag: req.tag,
+      config_path: req.config_path,
+    },
+  });
+  return [build, deploy];
 }
