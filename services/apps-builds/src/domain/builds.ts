@@ -107,52 +107,95 @@ export interface TriggeredBuild {
 const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, branch_label, repository, config_path, preflight_status
   from apps where group_slug = $1 and branch = $2 and (app_name = $3 or base_name = $3) limit 1`;
 
-/** The builds row and its outbox event in one statement: both are written, or neither. */
-const INSERT_BUILD = `with b as (
+/**
+ * The builds row and its outbox event in one statement: both are written, or neither, and only
+ * while the apps row still holds the values they were made from and the build is admitted.
+ */
+const INSERT_BUILD = `with app as (
+    select id from apps
+    where id = $2 and app_name = $3 and display_name = $4 and group_slug = $5 and branch = $6 and branch_label = $15 and repository = $16 and config_path = $17
+      and ($18::boolean or preflight_status in ('ready', 'exempt'))),
+  b as (
     insert into builds (id, app_id, app_name, display_name, group_slug, branch, tag, status, queue_status, codebuild_phase, auto_deploy, deploy_action_id, created_by)
-    values ($1, $2, $3, $4, $5, $6, $7, 'queued', 'queued', 'SUBMITTED', $8, $9, $10)
+    select $1, app.id, $3, $4, $5, $6, $7, 'queued', 'queued', 'SUBMITTED', $8, $9, $10 from app
     on conflict (app_name, tag) do nothing
     returning id)
   insert into outbox (id, subject, payload, headers) select $11, $12, $13, $14 from b returning id`;
 
 /**
- * POST /api/builds of an app that is registered: one read and one statement, no ORM unit of work
+ * The apps built lately by this process, by what a request names (group, branch, name): a build
+ * is made from the entry at once, and the inserting statement checks it against the apps row,
+ * so an entry gone stale costs one more read, never a wrong build.
+ */
+const builtApps = new Map<string, BuildableApp>();
+const BUILT_APPS_MAX = 10_000;
+const ATTEMPTS = 5;
+
+/**
+ * POST /api/builds of an app that is registered: usually one statement, no ORM unit of work
  * (this is the platform's hottest write). Null when the app is not registered (or was deleted
  * under us): `triggerBuild` registers it and builds in one transaction.
  */
 export async function triggerBuildOfRegisteredApp(db: SqlPool, caller: Caller, input: TriggerInput): Promise<TriggeredBuild | null> {
   const { group, branch, baseName } = buildTarget(caller, input);
-  const { rows } = await db.query<Record<string, string>>({ name: "apps-for-build", text: APP_FOR_BUILD, values: [group, branch, baseName] });
-  const r = rows[0];
-  if (!r) return null;
-  const app: BuildableApp = {
-    id: r.id!,
-    appName: r.app_name!,
-    displayName: r.display_name!,
-    groupSlug: r.group_slug!,
-    branch: r.branch!,
-    branchLabel: r.branch_label!,
-    repository: r.repository!,
-    configPath: r.config_path!,
-    preflightStatus: r.preflight_status!,
+  const key = `${group}\n${branch}\n${baseName}`;
+  const readApp = async (): Promise<BuildableApp | null> => {
+    const { rows } = await db.query<Record<string, string>>({ name: "apps-for-build", text: APP_FOR_BUILD, values: [group, branch, baseName] });
+    const r = rows[0];
+    if (!r) return null;
+    return {
+      id: r.id!,
+      appName: r.app_name!,
+      displayName: r.display_name!,
+      groupSlug: r.group_slug!,
+      branch: r.branch!,
+      branchLabel: r.branch_label!,
+      repository: r.repository!,
+      configPath: r.config_path!,
+      preflightStatus: r.preflight_status!,
+    };
   };
-  admitBuild(app, input);
-  // A tag already taken (4 random bytes: rare) is drawn again.
-  for (;;) {
+  let app = builtApps.get(key) ?? null;
+  let fresh = app === null;
+  if (fresh) app = await readApp();
+  for (let attempt = 1; app; attempt++) {
+    try {
+      admitBuild(app, input);
+    } catch (err) {
+      // A refusal is only ever said from what the apps row holds now.
+      if (fresh) throw err;
+      app = await readApp();
+      fresh = true;
+      continue;
+    }
     const { row, event } = acceptBuild(app, caller, input);
     const outbox = outboxEvent(subjects.events.buildRequested, { ...event });
     try {
       const inserted = await db.query({
         name: "builds-insert",
         text: INSERT_BUILD,
-        values: [row.id, row.appId, row.appName, row.displayName, row.groupSlug, row.branch, row.tag, row.autoDeploy, row.deployActionId, row.createdBy, outbox.id, outbox.subject, outbox.payload, outbox.headers],
+        values: [
+          row.id, row.appId, row.appName, row.displayName, row.groupSlug, row.branch, row.tag, row.autoDeploy, row.deployActionId, row.createdBy,
+          outbox.id, outbox.subject, outbox.payload, outbox.headers,
+          app.branchLabel, app.repository, app.configPath, input.skipPreflight === true,
+        ],
       });
-      if (inserted.rowCount === 1) return { buildId: row.id, tag: row.tag, registered: false };
+      if (inserted.rowCount === 1) {
+        if (!builtApps.has(key) && builtApps.size >= BUILT_APPS_MAX) builtApps.delete(builtApps.keys().next().value!);
+        builtApps.set(key, app);
+        return { buildId: row.id, tag: row.tag, registered: false };
+      }
     } catch (err) {
-      if ((err as { code?: string }).code === FOREIGN_KEY_VIOLATION) return null;
-      throw err;
+      if ((err as { code?: string }).code !== FOREIGN_KEY_VIOLATION) throw err;
     }
+    // The app changed (or its preflight did) since it was read, or the tag was taken: read it
+    // again and let admitBuild say why a build is refused, if it is.
+    if (attempt === ATTEMPTS) throw PlatformError.unavailable(`App '${app.appName}' keeps changing; try the build again.`);
+    app = await readApp();
+    fresh = true;
   }
+  builtApps.delete(key);
+  return null;
 }
 
 const FOREIGN_KEY_VIOLATION = "23503";

@@ -1,0 +1,147 @@
+/**
+ * Triggering builds against the real Postgres and NATS (spec doc 1 sections 3.1, 4.3), through
+ * apps-builds' Connect API: the builds row and its build_requested event written together, the
+ * refusals (preflight quarantine, another repository) said from what the apps row holds now even
+ * right after a build of the same app, auto-registration, and the tag retried on a collision.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import pg from "pg";
+import { appsBuildsEnv, loadConfig } from "@platform/config";
+import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { AppsBuildsService } from "@platform/proto";
+import { makeCaller, type Caller } from "@platform/caller";
+import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
+import { createLogger } from "@platform/logger";
+import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import type { RunningService } from "@platform/service";
+import { build } from "../src/app.ts";
+
+const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
+const REPOSITORY = "https://example.com/acme/shop.git";
+
+let databaseUrl: string;
+let prefix: string;
+let service: RunningService;
+let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
+let bus: Bus;
+let db: pg.Client;
+const requested: EventEnvelope[] = [];
+
+const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
+
+async function refusal(p: Promise<unknown>) {
+  try {
+    await p;
+  } catch (err) {
+    const e = platformErrorOf(err);
+    if (e) return { status: e.status, detail: e.detail as any };
+    throw err;
+  }
+  throw new Error("expected a refusal");
+}
+
+const trigger = (overrides: { appName?: string; repository?: string; skipPreflight?: boolean; autoDeploy?: boolean } = {}) =>
+  client.triggerBuild({ caller: acme, appName: "shop", repository: REPOSITORY, branch: "main", autoDeploy: false, configPath: "", skipPreflight: false, ...overrides });
+
+const preflight = (status: string) => db.query("update apps_builds.apps set preflight_status = $1 where app_name = 'shop' and branch = 'main'", [status]);
+
+async function buildRows(app = "shop") {
+  const r = await db.query<{ id: string; tag: string; status: string; queue_status: string; auto_deploy: boolean; deploy_action_id: string | null }>(
+    "select id, tag, status, queue_status, auto_deploy, deploy_action_id from apps_builds.builds where app_name = $1 order by created_at",
+    [app],
+  );
+  return r.rows;
+}
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  prefix = uniquePrefix();
+  service = await build(
+    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+  );
+  client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
+  bus = await connectBus({ url: testNatsUrl(), name: "apps-builds-builds-test", prefix });
+  subscribe(bus, subjects.events.buildRequested, (e) => void requested.push(e), logger);
+  db = new pg.Client({ connectionString: databaseUrl });
+  await db.connect();
+  await client.registerApp({ caller: acme, appName: "shop", repository: REPOSITORY });
+});
+
+afterAll(async () => {
+  await db?.end();
+  await bus?.close();
+  await service?.close();
+  if (databaseUrl) await dropDatabase(databaseUrl);
+  if (prefix) await deleteBusStreams(prefix);
+});
+
+describe("POST /api/builds", () => {
+  it("refuses a quarantined app, then writes the queued row and its event once preflight passes", async () => {
+    expect(await refusal(trigger())).toMatchObject({ status: 409, detail: { code: "preflight_quarantined", preflight_status: "pending" } });
+    await preflight("ready");
+    const r = await trigger({ autoDeploy: true });
+    expect(r).toMatchObject({ status: "queued", registered: false });
+    expect(r.actionId).toBe(r.buildId);
+    expect(r.tag).toMatch(/^main-[0-9a-f]{8}$/);
+    const [row] = await buildRows();
+    expect(row).toMatchObject({ id: r.buildId, tag: r.tag, status: "queued", queue_status: "queued", auto_deploy: true });
+    expect(row!.deploy_action_id).toMatch(/^[0-9a-f-]{36}$/);
+    await expect.poll(() => requested.find((e) => e.data.build_id === r.buildId), { timeout: 10_000 }).toBeDefined();
+    expect(requested.find((e) => e.data.build_id === r.buildId)!.data).toEqual({
+      build_id: r.buildId,
+      deploy_action_id: row!.deploy_action_id,
+      app_name: "shop",
+      branch: "main",
+      group_slug: "acme",
+      tag: r.tag,
+      repository: REPOSITORY,
+      config_path: "platform.yaml",
+      auto_deploy: true,
+      created_by: "api_key:k-acme",
+    });
+  });
+
+  it("says a refusal from what the apps row holds now, right after a build of the same app", async () => {
+    await trigger();
+    await preflight("no_access");
+    expect(await refusal(trigger())).toMatchObject({ status: 409, detail: { code: "preflight_quarantined", preflight_status: "no_access" } });
+    // skip_preflight still builds.
+    expect(await trigger({ skipPreflight: true })).toMatchObject({ status: "queued" });
+    await preflight("ready");
+    expect(await trigger()).toMatchObject({ status: "queued" });
+
+    await db.query("update apps_builds.apps set repository = 'https://example.com/acme/other.git', repository_key = 'example.com/acme/other' where app_name = 'shop'");
+    expect(await refusal(trigger())).toMatchObject({ status: 409, detail: { code: "repository_mismatch", repository: "https://example.com/acme/other.git" } });
+    await db.query("update apps_builds.apps set repository = $1, repository_key = 'example.com/acme/shop' where app_name = 'shop'", [REPOSITORY]);
+    expect(await trigger()).toMatchObject({ status: "queued" });
+  });
+
+  it("builds with the app's current values after they change", async () => {
+    await trigger();
+    await db.query("update apps_builds.apps set config_path = 'deploy/platform.yaml', display_name = 'Shop' where app_name = 'shop'");
+    const r = await trigger();
+    await expect.poll(() => requested.find((e) => e.data.build_id === r.buildId), { timeout: 10_000 }).toBeDefined();
+    expect(requested.find((e) => e.data.build_id === r.buildId)!.data.config_path).toBe("deploy/platform.yaml");
+    const display = await db.query("select display_name from apps_builds.builds where id = $1", [r.buildId]);
+    expect(display.rows[0]).toEqual({ display_name: "Shop" });
+  });
+
+  it("registers an app it does not know, and again one deleted since its last build", async () => {
+    const first = await trigger({ appName: "Blog", repository: "https://example.com/acme/blog.git", skipPreflight: true });
+    expect(first).toMatchObject({ status: "queued", registered: true });
+    expect(await trigger({ appName: "Blog", repository: "https://example.com/acme/blog.git", skipPreflight: true })).toMatchObject({ registered: false });
+    await db.query("delete from apps_builds.apps where app_name = 'blog'");
+    const again = await trigger({ appName: "Blog", repository: "https://example.com/acme/blog.git", skipPreflight: true });
+    expect(again).toMatchObject({ status: "queued", registered: true });
+    expect((await buildRows("blog")).map((b) => b.id)).toEqual([again.buildId]);
+  });
+
+  it("writes every build of a burst once, each with its own tag", async () => {
+    const before = (await buildRows()).length;
+    const results = await Promise.all(Array.from({ length: 40 }, () => trigger()));
+    const rows = await buildRows();
+    expect(rows.length).toBe(before + 40);
+    expect(new Set(rows.map((r) => r.tag)).size).toBe(rows.length);
+    for (const r of results) expect(rows.some((row) => row.id === r.buildId && row.tag === r.tag)).toBe(true);
+  });
+});
