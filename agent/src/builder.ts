@@ -33,7 +33,7 @@ export interface BuildDeps {
   /** One line of build output (also kept for the stored log). */
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
   /** Reports a phase; true means cancel was requested and the build must stop. */
-  phase(name: string): Promise<boolean>;
+  phase(name: string, opts?: { wait?: boolean }): Promise<boolean>;
   /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
   publishImage(app: string, tag: string, file: string): Promise<void>;
 }

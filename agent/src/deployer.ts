@@ -30,6 +30,9 @@ import type { Supervisor } from "./supervisor.ts";
 export const CRASH_TAIL_LINES = 30;
 /** How often a starting replica's health path is asked. */
 const HEALTH_POLL_MS = 100;
+/** How long after a replica's start it is asked more often: most answer within a few tenths of a second. */
+const HEALTH_FAST_POLL_MS = 10;
+const HEALTH_FAST_WINDOW_MS = 2000;
 /** Tries of the route flip once the swap is committed, COMMIT_RETRY_MS apart. */
 const COMMIT_ATTEMPTS = 5;
 const COMMIT_RETRY_MS = 1_000;
@@ -83,8 +86,11 @@ export interface DeployerDeps {
   /** Grace between SIGTERM and SIGKILL when a replica is stopped. */
   stopGraceMs: number;
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
-  /** Reports a phase; true means cancel was requested (and the swap is not committed). */
-  phase(name: string): Promise<boolean>;
+  /**
+   * Reports a phase; true means cancel was requested (and the swap is not committed). With
+   * `wait`, the answer is the queue's answer to this report, not to the reports before it.
+   */
+  phase(name: string, opts?: { wait?: boolean }): Promise<boolean>;
 }
 
 export interface DeployOutcome {
@@ -273,7 +279,7 @@ export class Deployer {
       emit("info", "Every service passed its checks");
 
       // The queue records the swap commit before the route moves: from here on cancel is refused.
-      if (await d.phase("swap_committed")) throw new DeployCancelled("Cancelled before the swap.");
+      if (await d.phase("swap_committed", { wait: true })) throw new DeployCancelled("Cancelled before the swap.");
       current = "swap_committed";
       inflight.swapCommitted = true;
       await d.state.setInflight(inflight);
@@ -329,7 +335,8 @@ export class Deployer {
   }
 
   async #healthCheck(app: DeployedApp, replicas: ReplicaSpec[], emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
-    const deadline = Date.now() + this.#d.healthTimeoutMs;
+    const started = Date.now();
+    const deadline = started + this.#d.healthTimeoutMs;
     const waiting = new Set(replicas.map((r) => r.id));
     for (;;) {
       const dead = replicas.filter((r) => !this.#running(r.id));
@@ -365,7 +372,7 @@ export class Deployer {
         const names = [...new Set(replicas.filter((r) => waiting.has(r.id)).map((r) => r.service))];
         throw new DeployFailure(`Service ${names.join(", ")} did not pass its health check within ${Math.round(this.#d.healthTimeoutMs / 1000)} s.`);
       }
-      await sleep(HEALTH_POLL_MS);
+      await sleep(Date.now() - started < HEALTH_FAST_WINDOW_MS ? HEALTH_FAST_POLL_MS : HEALTH_POLL_MS);
     }
   }
 

@@ -53,6 +53,38 @@ export interface WorkLane {
   stop(): Promise<void>;
 }
 
+type PhaseFn = (name: string, opts?: { wait?: boolean }) => Promise<boolean>;
+
+/**
+ * The phase reports of one action, sent in order without holding the work up: a report costs a
+ * round trip to the queue, and a deploy or build passes half a dozen phases. `enter` answers
+ * whether the queue has said cancel was requested, as far as its answers have come back, so a
+ * cancel is honoured at the next phase boundary after the queue saw it; `{ wait: true }` (the
+ * swap commit, the point of no return) waits for the answer to its own report. Once the queue
+ * said cancel, later phases are not reported.
+ */
+export function phaseReports(report: (name: string) => Promise<boolean>): { enter(name: string, opts?: { wait?: boolean }): Promise<boolean>; settled(): Promise<void> } {
+  let cancelled = false;
+  let chain: Promise<boolean> = Promise.resolve(false);
+  return {
+    async enter(name, opts) {
+      const mine = chain.then(async (before) => {
+        if (before) return true;
+        const now = await report(name);
+        if (now) cancelled = true;
+        return now;
+      });
+      // A report that failed (the queue unreachable for a moment) holds up neither the work nor
+      // the reports after it; only a waited-for report's failure fails the action.
+      chain = mine.catch(() => cancelled);
+      return opts?.wait ? mine : cancelled;
+    },
+    async settled() {
+      await chain;
+    },
+  };
+}
+
 export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const { bus, hostId, queue, logger } = opts;
   const streamName = subjects.streams(bus.prefix).work.name;
@@ -91,9 +123,10 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   const run = async (actionId: string, actionType: string, action: ActionMsg, working: () => void) => {
     let phaseNow = "";
-    const phase = async (name: string) => {
+    const reports = phaseReports((name) => queue.reportProgress({ actionId, hostId, phase: name, message: "" }).then((r) => r.cancelRequested));
+    const phase = (name: string, opts?: { wait?: boolean }) => {
       phaseNow = name;
-      return (await queue.reportProgress({ actionId, hostId, phase: name, message: "" })).cancelRequested;
+      return reports.enter(name, opts);
     };
     // JetStream must not redeliver a long action, and the queue must see it is alive (stuck_class).
     const keepAlive = setInterval(() => {
@@ -102,6 +135,8 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     }, ACK_WAIT_MS / 3);
     try {
       const outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase) : await runDeployAction(actionType, action.payloadJson, phase);
+      // Every phase is recorded before the action ends (the queue takes no phase after that).
+      await reports.settled();
       await queue.completeAction({ actionId, hostId, status: outcome.status, errorMessage: outcome.error_message, resultJson: JSON.stringify(outcome.result) });
       logger.info({ action_id: actionId, action_type: actionType, status: outcome.status }, "action finished");
       opts.onFinished?.();
@@ -109,7 +144,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       clearInterval(keepAlive);
     }
 
-    async function runBuildAction(payloadJson: string, phase: (name: string) => Promise<boolean>) {
+    async function runBuildAction(payloadJson: string, phase: PhaseFn) {
       const job = JSON.parse(payloadJson) as BuildJob;
       job.action_id = actionId;
       return runBuild(job, {
@@ -131,7 +166,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       });
     }
 
-    async function runDeployAction(type: string, payloadJson: string, phase: (name: string) => Promise<boolean>) {
+    async function runDeployAction(type: string, payloadJson: string, phase: PhaseFn) {
       const job = { ...(JSON.parse(payloadJson) as DeployJob), action_id: actionId, action_type: type };
       const deployer = opts.deployer({
         phase,

@@ -9,7 +9,7 @@ import { requireCaller } from "@platform/caller";
 import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
-import { resolveRelease } from "./domain/releases.ts";
+import { resolveClaimedRelease, resolveRelease } from "./domain/releases.ts";
 import { buildCounts } from "./domain/builds.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
@@ -182,22 +182,16 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
 
       async resolveRelease(req) {
         const caller = req.caller ? requireCaller(req.caller) : null;
-        const r = await ctx.read((em) =>
-          resolveRelease(
-            em,
-            caller,
-            {
-              appName: req.appName,
-              branch: req.branch,
-              imageTag: req.imageTag,
-              groupSlug: req.groupSlug,
-              skipPreflight: req.skipPreflight,
-              allowPendingBuild: req.allowPendingBuild,
-              explicitGroup: req.explicitGroup,
-            },
-            router,
-          ),
-        );
+        const query = {
+          appName: req.appName,
+          branch: req.branch,
+          imageTag: req.imageTag,
+          groupSlug: req.groupSlug,
+          skipPreflight: req.skipPreflight,
+          allowPendingBuild: req.allowPendingBuild,
+          explicitGroup: req.explicitGroup,
+        };
+        const r = caller || query.allowPendingBuild ? await ctx.read((em) => resolveRelease(em, caller, query, router)) : await resolveClaimedRelease(ctx.read, query, router);
         return {
           appId: r.app.id,
           appName: r.app.appName,

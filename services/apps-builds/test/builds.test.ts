@@ -15,6 +15,8 @@ import { createLogger } from "@platform/logger";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
+import { routerSettings } from "../src/rpc.ts";
+import { resolveClaimedRelease } from "../src/domain/releases.ts";
 
 const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
 const REPOSITORY = "https://example.com/acme/shop.git";
@@ -143,5 +145,27 @@ describe("POST /api/builds", () => {
     expect(rows.length).toBe(before + 40);
     expect(new Set(rows.map((r) => r.tag)).size).toBe(rows.length);
     for (const r of results) expect(rows.some((row) => row.id === r.buildId && row.tag === r.tag)).toBe(true);
+  });
+});
+
+describe("the release of a claimed deploy", () => {
+  it("waits for its build's completion to reach the builds row, a bounded while", async () => {
+    await preflight("ready");
+    const r = await trigger();
+    const query = { appName: "shop", branch: "main", imageTag: r.tag, groupSlug: "acme", skipPreflight: true, explicitGroup: false };
+    const router = routerSettings(service.ctx.config as never);
+    await expect(resolveClaimedRelease(service.ctx.read, query, router, 100)).rejects.toThrow(`has no successful build tagged '${r.tag}'`);
+
+    // The queue's completion arrives while the agent's release waits.
+    setTimeout(() => void db.query("update apps_builds.builds set status = 'completed', config = $2 where id = $1", [r.buildId, { type: "container", services: {} }]), 200);
+    const release = await resolveClaimedRelease(service.ctx.read, query, router, 4000);
+    expect(release).toMatchObject({ imageTag: r.tag, buildId: r.buildId });
+
+    // A build that failed is refused at once.
+    const failed = await trigger();
+    await db.query("update apps_builds.builds set status = 'failed' where id = $1", [failed.buildId]);
+    const started = Date.now();
+    await expect(resolveClaimedRelease(service.ctx.read, { ...query, imageTag: failed.tag }, router, 4000)).rejects.toThrow("has no successful build");
+    expect(Date.now() - started).toBeLessThan(1000);
   });
 });

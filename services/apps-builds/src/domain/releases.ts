@@ -53,11 +53,16 @@ async function appForCaller(em: EntityManager, caller: Caller, q: ReleaseQuery):
   return matching[0]!;
 }
 
+/** The tagged build exists but its row does not say it finished (yet). */
+class BuildNotFinished extends PlatformError {}
+
 async function buildOf(em: EntityManager, app: App, q: ReleaseQuery): Promise<Build | null> {
   if (q.imageTag) {
     const build = await em.findOne(Build, { appId: app.id, tag: q.imageTag });
-    if (build?.status === "completed" || (q.allowPendingBuild && build && build.status !== "failed" && build.status !== "cancelled")) return build;
-    throw PlatformError.badRequest(`App '${app.appName}' (branch ${app.branch}) has no successful build tagged '${q.imageTag}'.`);
+    const finished = build?.status === "completed" || build?.status === "failed" || build?.status === "cancelled";
+    if (build?.status === "completed" || (q.allowPendingBuild && build && !finished)) return build;
+    const refusal = `App '${app.appName}' (branch ${app.branch}) has no successful build tagged '${q.imageTag}'.`;
+    throw build && !finished ? new BuildNotFinished(400, refusal) : PlatformError.badRequest(refusal);
   }
   const latest = await em.findOne(Build, { appId: app.id, status: "completed" }, { orderBy: { completedAt: "desc" } });
   if (!latest) throw PlatformError.badRequest(`App '${app.appName}' (branch ${app.branch}) has no successful build to deploy; trigger one with POST /api/builds.`);
@@ -83,4 +88,31 @@ export async function resolveRelease(em: EntityManager, caller: Caller | null, q
     env: Object.fromEntries(variables.map((v) => [v.key, v.value])),
     hosts: publicHosts(app, router),
   };
+}
+
+/** How long the agent's release waits for its build's completion to reach the builds row (within the agent's RPC deadline). */
+export const BUILD_RECORD_WAIT_MS = 4_000;
+const BUILD_RECORD_POLL_MS = 20;
+
+/**
+ * The release of a deploy the agent has claimed (no caller). The queue lets a deploy be claimed
+ * only once its build completed there, and the builds row hears of that completion from the
+ * queue's event a moment later: a build the row still shows running is waited for, a bounded
+ * while, rather than refused.
+ */
+export async function resolveClaimedRelease(
+  read: <T>(fn: (em: EntityManager) => Promise<T>) => Promise<T>,
+  q: Omit<ReleaseQuery, "allowPendingBuild">,
+  router: RouterSettings,
+  waitMs = BUILD_RECORD_WAIT_MS,
+): Promise<Release> {
+  const deadline = Date.now() + waitMs;
+  for (;;) {
+    try {
+      return await read((em) => resolveRelease(em, null, { ...q, allowPendingBuild: false }, router));
+    } catch (err) {
+      if (!(err instanceof BuildNotFinished) || Date.now() >= deadline) throw err;
+      await new Promise((r) => setTimeout(r, BUILD_RECORD_POLL_MS));
+    }
+  }
 }
