@@ -42,20 +42,18 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
   return {
     async triggerBuild(req) {
       const caller = requireCaller(req.caller);
-      const { build, registered } = await ctx.write((em) =>
-        triggerBuild(
-          em,
-          caller,
-          {
-            appName: req.appName,
-            repository: req.repository,
-            branch: req.branch || "main",
-            autoDeploy: req.autoDeploy,
-            configPath: req.configPath,
-            skipPreflight: req.skipPreflight,
-          },
-          policy,
-        ),
+      const { build, registered } = await triggerBuild(
+        { lock: ctx.groupLock, transact: ctx.write },
+        caller,
+        {
+          appName: req.appName,
+          repository: req.repository,
+          branch: req.branch || "main",
+          autoDeploy: req.autoDeploy,
+          configPath: req.configPath,
+          skipPreflight: req.skipPreflight,
+        },
+        policy,
       );
       return { tag: build.tag, actionId: build.id, buildId: build.id, status: "queued", registered };
     },

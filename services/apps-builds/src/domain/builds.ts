@@ -3,6 +3,7 @@
  * tag generation, build_count), reads by id prefix and tag, and following the queue's lifecycle.
  */
 import { randomBytes, randomUUID } from "node:crypto";
+import { LockMode } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
@@ -10,7 +11,8 @@ import { canSeeGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
-import { registerApp } from "./registration.ts";
+import { registerApp, registrationHolder } from "./registration.ts";
+import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 import { requirePreflightPassed } from "./preflight.ts";
 import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
 
@@ -49,8 +51,14 @@ function visibleGroupFilter(caller: Caller, explicitGroup: boolean): { groupSlug
   return { groupSlug: caller.selectedGroup };
 }
 
+/**
+ * POST /api/builds. A build of a registered app takes no group lock: it holds the app row in
+ * share mode instead, so a rename's re-key (group-rename.ts), which updates that row first, waits
+ * for this build's row to commit and then moves it too. An unknown app is registered through the
+ * same code as POST /api/apps, under the group lock, and built in the same transaction.
+ */
 export async function triggerBuild(
-  em: EntityManager,
+  deps: { lock: GroupLock; transact: Transact },
   caller: Caller,
   input: TriggerInput,
   policy: RepositoryPolicy,
@@ -59,15 +67,28 @@ export async function triggerBuild(
   const branch = input.branch || "main";
   const group = caller.selectedGroup;
   if (!group || !canSeeGroup(caller, group)) throw PlatformError.invalid("Select the group to build in (?group=).");
-  let app = await em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] });
-  let registered = false;
-  if (!app) {
-    ({ app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy));
-    registered = true;
-  } else if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
+  const target = (em: EntityManager, share: boolean) =>
+    em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] }, share ? { lockMode: LockMode.PESSIMISTIC_READ } : {});
+
+  const built = await deps.transact(async (em) => {
+    const app = await target(em, true);
+    return app ? queueBuild(em, caller, app, input) : null;
+  });
+  if (built) return { ...built, registered: false };
+  return underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em) => {
+    // Registered meanwhile, or found once a rename not yet applied here was caught up with.
+    const found = await target(em, false);
+    const app = found ?? (await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy)).app;
+    return { ...(await queueBuild(em, caller, app, input)), registered: !found };
+  });
+}
+
+/** The build of a registered app: its record (queued), and the request deploy-queue turns into actions. */
+async function queueBuild(em: EntityManager, caller: Caller, app: App, input: TriggerInput): Promise<{ build: Build; app: App }> {
+  if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
     throw PlatformError.conflict({
       code: "repository_mismatch",
-      message: `App '${app.appName}' (branch ${branch}) builds from ${app.repository}, not ${input.repository}.`,
+      message: `App '${app.appName}' (branch ${app.branch}) builds from ${app.repository}, not ${input.repository}.`,
       repository: app.repository,
     });
   }
@@ -105,7 +126,7 @@ export async function triggerBuild(
     created_by: createdBy,
   };
   enqueueEvent(em, subjects.events.buildRequested, { ...event });
-  return { build, app, registered };
+  return { build, app };
 }
 
 /**
