@@ -1,11 +1,13 @@
 /**
  * The agent's running apps: the runtime driver, the supervisor that restarts crashed replicas,
  * the router, and the host state that ties them together across agent restarts. Replica output
- * is shipped as log source `container`; supervisor events as source `agent`.
+ * is shipped as log source `container`; supervisor events as source `agent`; both name the group
+ * the branch is in now, which a group rename (identity's group_renamed) changes under running
+ * replicas.
  */
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
-import type { Bus } from "@platform/bus";
+import { parseGroupRenamed, subjects, subscribe, type Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
@@ -58,6 +60,18 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
 
+  const groupOf = (spec: { app: string; branch: string; group: string }) => state.appOf(spec.app, spec.branch)?.group ?? spec.group;
+  const renames = subscribe(
+    o.bus,
+    subjects.events.groupRenamed,
+    async (event) => {
+      const { previous_slug, slug } = parseGroupRenamed(event.data);
+      const relabelled = await state.relabelGroup(previous_slug, slug);
+      if (relabelled > 0) o.logger.info({ previous_slug, slug, apps: relabelled }, "group renamed: its apps here relabelled");
+    },
+    o.logger,
+  );
+
   driver.onOutput((line) => {
     const { spec } = line;
     o.ship({
@@ -65,7 +79,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       level: line.stream === "stderr" ? "warning" : "info",
       app_name: spec.app,
       branch: spec.branch,
-      group_slug: spec.group,
+      group_slug: groupOf(spec),
       service_name: spec.service,
       instance_id: o.hostId,
       message: line.line,
@@ -82,7 +96,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
         level: e.kind === "restarted" ? "info" : e.kind === "crashed" ? "warning" : "error",
         app_name: e.app,
         branch: e.branch,
-        group_slug: e.group,
+        group_slug: groupOf(e),
         service_name: e.service,
         instance_id: o.hostId,
         message: e.message,
@@ -165,6 +179,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       return { name: driver.name, inventory, containers: { running: running.size, total: driver.list().length } };
     },
     async close() {
+      renames.unsubscribe();
       clearInterval(timer);
       await checking;
       await supervisor.close();
