@@ -88,8 +88,13 @@ export function retryAfterSeconds(blocking: LeaseView[], now: Date): number {
   return Math.max(1, Math.ceil((last - now.getTime()) / 1000));
 }
 
+function checkMode(mode: string): LeaseMode {
+  if (!(LEASE_MODES as readonly string[]).includes(mode)) throw PlatformError.invalid(`mode must be one of ${LEASE_MODES.join(", ")}.`);
+  return mode as LeaseMode;
+}
+
 export function checkLeaseRequest(req: LeaseRequest): LeaseMode {
-  if (!(LEASE_MODES as readonly string[]).includes(req.mode)) throw PlatformError.invalid(`mode must be one of ${LEASE_MODES.join(", ")}.`);
+  const mode = checkMode(req.mode);
   if (!Number.isInteger(req.ttlMs) || req.ttlMs < 1 || req.ttlMs > MAX_LEASE_TTL_MS) {
     throw PlatformError.invalid(`ttl_ms must be between 1 and ${MAX_LEASE_TTL_MS}.`);
   }
@@ -97,7 +102,7 @@ export function checkLeaseRequest(req: LeaseRequest): LeaseMode {
     throw PlatformError.invalid(`wait_ms must be between 0 and ${MAX_LEASE_WAIT_MS}.`);
   }
   if (!req.holder.trim()) throw PlatformError.invalid("holder is required: say who takes the lease.");
-  return req.mode as LeaseMode;
+  return mode;
 }
 
 async function lockGroup(em: EntityManager, where: { id: string } | { slug: string }): Promise<Group | null> {
@@ -187,7 +192,7 @@ export async function acquireLease(transact: Transact, req: LeaseRequest): Promi
 export async function confirmLease(em: EntityManager, lease: { id: string; groupId: string; groupSlug: string; mode: string }, ttlMs: number, now = new Date()): Promise<LeaseOutcome> {
   if (!Number.isInteger(ttlMs) || ttlMs < 1 || ttlMs > MAX_LEASE_TTL_MS) throw PlatformError.invalid(`ttl_ms must be between 1 and ${MAX_LEASE_TTL_MS}.`);
   if (!isUuid(lease.id) || !isUuid(lease.groupId)) throw PlatformError.invalid("lease.id and lease.group_id must be the ids a granted lease carries.");
-  const mode = (LEASE_MODES as readonly string[]).includes(lease.mode) ? (lease.mode as LeaseMode) : "exclusive";
+  const mode = checkMode(lease.mode);
   const group = await lockGroup(em, { id: lease.groupId });
   if (!group) return { outcome: "deleted" };
   if (group.slug !== lease.groupSlug) return { outcome: "renamed", groupSlug: group.slug };

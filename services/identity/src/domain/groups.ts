@@ -149,12 +149,10 @@ export async function updateGroup(transact: Transact, caller: Caller, slug: stri
       if (displayName) group.displayName = displayName;
       audit(em, { actor: actorOf(caller), action: "group.rename", target: newSlug, groupSlug: newSlug, details: { previous_slug: slug, display_name: group.displayName } });
       enqueueEvent(em, subjects.events.groupRenamed, { group_id: group.id, slug: newSlug, previous_slug: slug, display_name: group.displayName });
-      // The outbox row and the rename must reach the database before the lease goes.
-      await em.flush();
       return group;
     });
   } catch (err) {
-    // Two renames to one new slug at once: the second meets the first's row.
+    // Two renames to one new slug at once: the second's commit meets the first's row.
     if (err instanceof UniqueConstraintViolationException) throw groupExists(newSlug);
     throw err;
   } finally {
