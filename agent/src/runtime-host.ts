@@ -2,12 +2,11 @@
  * The agent's running apps: the runtime driver, the supervisor that restarts crashed replicas,
  * the router, and the host state that ties them together across agent restarts. Replica output
  * is shipped as log source `container`; supervisor events as source `agent`; both name the group
- * the branch is in now, which a group rename (identity's group_renamed) changes under running
- * replicas.
+ * the branch is in now, which a group rename changes under running replicas.
  */
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
-import { parseGroupRenamed, subjects, subscribe, type Bus } from "@platform/bus";
+import type { Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
@@ -49,6 +48,8 @@ export interface RuntimeHost {
   inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
   /** Deploys in flight when the agent last stopped. */
   resumable(): Array<{ actionId: string; actionType: string }>;
+  /** A group renamed: what runs here in it is labelled with its new slug; answers how many apps. */
+  relabelGroup(previous: string, slug: string): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -61,16 +62,6 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
 
   const groupOf = (spec: { app: string; branch: string; group: string }) => state.appOf(spec.app, spec.branch)?.group ?? spec.group;
-  const renames = subscribe(
-    o.bus,
-    subjects.events.groupRenamed,
-    async (event) => {
-      const { previous_slug, slug } = parseGroupRenamed(event.data);
-      const relabelled = await state.relabelGroup(previous_slug, slug);
-      if (relabelled > 0) o.logger.info({ previous_slug, slug, apps: relabelled }, "group renamed: its apps here relabelled");
-    },
-    o.logger,
-  );
 
   driver.onOutput((line) => {
     const { spec } = line;
@@ -178,8 +169,8 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       );
       return { name: driver.name, inventory, containers: { running: running.size, total: driver.list().length } };
     },
+    relabelGroup: (previous, slug) => state.relabelGroup(previous, slug),
     async close() {
-      renames.unsubscribe();
       clearInterval(timer);
       await checking;
       await supervisor.close();
