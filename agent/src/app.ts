@@ -8,7 +8,7 @@ import { resolve as resolvePath } from "node:path";
 import { readFileSync } from "node:fs";
 import { agentEnv, allowFileRepos, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
-import { connectBus, subjects, traceHeaders } from "@platform/bus";
+import { connectBus, parseGroupRenamed, subjects, subscribe, traceHeaders } from "@platform/bus";
 import { LogShipper } from "@platform/logship";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, DeployQueueService } from "@platform/proto";
@@ -67,6 +67,20 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   };
   await beat();
   const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
+  // Every agent hears of a renamed group (identity's group_renamed) and relabels what it runs in it;
+  // the fleet's view of its services follows at once rather than at the next heartbeat.
+  const renames = subscribe(
+    bus,
+    subjects.events.groupRenamed,
+    async (event) => {
+      const { previous_slug, slug } = parseGroupRenamed(event.data);
+      const relabelled = await runtime.relabelGroup(previous_slug, slug);
+      if (relabelled === 0) return;
+      logger.info({ previous_slug, slug, apps: relabelled }, "group renamed: its apps here relabelled");
+      await beat();
+    },
+    logger,
+  );
   const work = await startWorkLane({
     bus,
     hostId: config.AGENT_HOST_ID,
@@ -105,6 +119,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     });
   } catch (err) {
     clearInterval(timer);
+    renames.unsubscribe();
     await work.stop();
     await preflight.stop();
     await runtime.close();
@@ -121,6 +136,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     beat,
     async close() {
       clearInterval(timer);
+      renames.unsubscribe();
       await work.stop();
       await preflight.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));

@@ -202,7 +202,9 @@ export class Deployer {
   /** DEPLOY and RETRY. */
   async deploy(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
-    const key = appKey(job.group_slug, job.app_name, job.branch);
+    // Found by app and branch: a group renamed since the last deploy keeps the app's key.
+    const previous = d.state.appOf(job.app_name, job.branch);
+    const key = previous?.key ?? appKey(job.group_slug, job.app_name, job.branch);
     const phases: Record<string, string[]> = {};
     let current = "setup";
     const emit = (level: LogLevel, message: string, service?: string) => {
@@ -214,7 +216,6 @@ export class Deployer {
       phases[name] ??= [];
       if (await d.phase(name)) throw new DeployCancelled(`Cancelled before ${name}.`);
     };
-    const previous = d.state.app(key);
     const result: Record<string, unknown> = { previous_tag: previous?.tag ?? null, runtime: d.driver.name, host: d.hostId };
     const finish = (status: DeployOutcome["status"], error: string): DeployOutcome => {
       result.phases = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, v.join("\n")]));
@@ -434,13 +435,13 @@ export class Deployer {
   /** UNDEPLOY: the route goes, then every replica; `purge` also deletes the branch's images and releases. */
   async undeploy(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
-    const key = appKey(job.group_slug, job.app_name, job.branch);
+    const app = d.state.appOf(job.app_name, job.branch);
+    const key = app?.key ?? appKey(job.group_slug, job.app_name, job.branch);
     const lines: string[] = [];
     const emit = (level: LogLevel, message: string) => {
       d.log({ level, message, phase: "undeploy" });
       lines.push(message);
     };
-    const app = d.state.app(key);
     await d.router.remove(key);
     if (app) {
       const replicas = Object.values(app.services).flatMap((s) => s.replicas);
@@ -451,7 +452,10 @@ export class Deployer {
       emit("info", "Nothing of this branch runs on this host");
     }
     if (job.purge) {
-      await rm(path.join(d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch)), { recursive: true, force: true });
+      // Releases live under the group the branch was deployed in, which a rename may have changed since.
+      for (const group of new Set([job.group_slug, app?.group ?? job.group_slug])) {
+        await rm(path.join(d.runDir, "releases", safe(group), safe(job.app_name), safe(job.branch)), { recursive: true, force: true });
+      }
       const tags = job.purge_tags ?? [];
       for (const tag of tags) await rm(path.join(d.imageDir, job.app_name, `${tag}.tar.gz`), { force: true });
       await d.deleteImages(job.app_name, tags);
@@ -463,8 +467,7 @@ export class Deployer {
   /** SERVICE_ACTION: stop, start or restart one service's replicas (same ports, same release). */
   async serviceAction(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
-    const key = appKey(job.group_slug, job.app_name, job.branch);
-    const app = d.state.app(key);
+    const app = d.state.appOf(job.app_name, job.branch);
     const name = job.service_name ?? "";
     const service: DeployedService | undefined = app?.services[name];
     if (!app || !service) {
@@ -500,14 +503,13 @@ export class Deployer {
   /** RECONCILE_ROUTING: the route follows the app's current visibility (front doors from apps-builds). */
   async reconcile(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
-    const key = appKey(job.group_slug, job.app_name, job.branch);
-    const app = d.state.app(key);
+    const app = d.state.appOf(job.app_name, job.branch);
     if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: "Nothing of this branch runs on this host." } } };
     const release = await d.resolve({ ...job, image_tag: app.tag });
     app.hosts = release.hosts;
     await d.state.setApp(app);
     if (app.hosts.length > 0) await d.router.put(routeOf(app));
-    else await d.router.remove(key);
+    else await d.router.remove(app.key);
     const message = app.hosts.length > 0 ? `Routed at ${app.hosts.join(", ")}` : "Private: the public route was removed";
     d.log({ level: "info", message, phase: "reconcile" });
     return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };

@@ -50,6 +50,7 @@ interface StateFile {
   inflight: Record<string, InflightDeploy>;
 }
 
+/** The key of a branch first deployed on this host; it stays the branch's key across group renames. */
 export function appKey(group: string, app: string, branch: string): string {
   return `${group}/${app}/${branch}`;
 }
@@ -72,6 +73,8 @@ export function routeOf(app: DeployedApp): RouteSpec {
 export class HostState {
   readonly #file: string;
   #state: StateFile = { apps: {}, inflight: {} };
+  /** The apps by `<app>/<branch>`: app names are unique across groups, so this names a branch whatever its group. */
+  #byBranch = new Map<string, DeployedApp>();
   #writing: Promise<void> = Promise.resolve();
 
   constructor(runDir: string) {
@@ -85,6 +88,7 @@ export class HostState {
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
     }
+    this.#byBranch = new Map(this.apps().map((a) => [`${a.app}/${a.branch}`, a]));
   }
 
   apps(): DeployedApp[] {
@@ -93,6 +97,11 @@ export class HostState {
 
   app(key: string): DeployedApp | undefined {
     return this.#state.apps[key];
+  }
+
+  /** The branch of an app deployed here, whatever group it was deployed in. */
+  appOf(app: string, branch: string): DeployedApp | undefined {
+    return this.#byBranch.get(`${app}/${branch}`);
   }
 
   inflight(actionId: string): InflightDeploy | undefined {
@@ -105,12 +114,30 @@ export class HostState {
 
   async setApp(app: DeployedApp): Promise<void> {
     this.#state.apps[app.key] = app;
+    this.#byBranch.set(`${app.app}/${app.branch}`, app);
     await this.save();
   }
 
   async removeApp(key: string): Promise<void> {
+    const app = this.#state.apps[key];
+    if (app) this.#byBranch.delete(`${app.app}/${app.branch}`);
     delete this.#state.apps[key];
     await this.save();
+  }
+
+  /**
+   * A group renamed (identity's group_renamed): what runs here in it is labelled with its new
+   * slug, so its log lines and the inventory name the group as it now is. Keys stay as they are.
+   */
+  async relabelGroup(previous: string, slug: string): Promise<number> {
+    const apps = [...this.apps(), ...this.allInflight().map((d) => d.next)].filter((a) => a.group === previous);
+    for (const app of apps) {
+      app.group = slug;
+      for (const service of Object.values(app.services)) for (const replica of service.replicas) replica.group = slug;
+    }
+    for (const d of this.allInflight()) for (const replica of d.replicas) if (replica.group === previous) replica.group = slug;
+    if (apps.length > 0) await this.save();
+    return apps.length;
   }
 
   async setInflight(d: InflightDeploy): Promise<void> {

@@ -1,7 +1,8 @@
 /**
  * The agent's running apps: the runtime driver, the supervisor that restarts crashed replicas,
  * the router, and the host state that ties them together across agent restarts. Replica output
- * is shipped as log source `container`; supervisor events as source `agent`.
+ * is shipped as log source `container`; supervisor events as source `agent`; both name the group
+ * the branch is in now, which a group rename changes under running replicas.
  */
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
@@ -47,6 +48,8 @@ export interface RuntimeHost {
   inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
   /** Deploys in flight when the agent last stopped. */
   resumable(): Array<{ actionId: string; actionType: string }>;
+  /** A group renamed: what runs here in it is labelled with its new slug; answers how many apps. */
+  relabelGroup(previous: string, slug: string): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -58,6 +61,8 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
 
+  const groupOf = (spec: { app: string; branch: string; group: string }) => state.appOf(spec.app, spec.branch)?.group ?? spec.group;
+
   driver.onOutput((line) => {
     const { spec } = line;
     o.ship({
@@ -65,7 +70,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       level: line.stream === "stderr" ? "warning" : "info",
       app_name: spec.app,
       branch: spec.branch,
-      group_slug: spec.group,
+      group_slug: groupOf(spec),
       service_name: spec.service,
       instance_id: o.hostId,
       message: line.line,
@@ -82,7 +87,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
         level: e.kind === "restarted" ? "info" : e.kind === "crashed" ? "warning" : "error",
         app_name: e.app,
         branch: e.branch,
-        group_slug: e.group,
+        group_slug: groupOf(e),
         service_name: e.service,
         instance_id: o.hostId,
         message: e.message,
@@ -164,6 +169,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       );
       return { name: driver.name, inventory, containers: { running: running.size, total: driver.list().length } };
     },
+    relabelGroup: (previous, slug) => state.relabelGroup(previous, slug),
     async close() {
       clearInterval(timer);
       await checking;

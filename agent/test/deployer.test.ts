@@ -1,7 +1,8 @@
 /**
  * The deployer on its own, with every part real: a host that did not build the image fetches it
  * from the fleet's image store (NATS), unpacks it, starts the fixture app as a process, checks its
- * health path and routes it through a real Caddy; undeploy with purge takes it all away again.
+ * health path and routes it through a real Caddy; undeploy with purge takes it all away again. A
+ * branch deployed before its group was renamed stays the same app to redeploy and undeploy.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { execFile } from "node:child_process";
@@ -34,6 +35,7 @@ let ports: [number, number];
 let driver: ProcessDriver;
 let supervisor: Supervisor;
 let deployer: Deployer;
+let state: HostState;
 const lines: string[] = [];
 
 function get(port: number): Promise<{ status: number; body: string }> {
@@ -62,7 +64,7 @@ beforeAll(async () => {
   const runDir = path.join(dir, "run");
   driver = new ProcessDriver({ runDir, logger });
   supervisor = new Supervisor({ driver, onEvent: () => undefined, logger });
-  const state = new HostState(runDir);
+  state = new HostState(runDir);
   await state.load();
   const parsed = parseAppConfigYaml(await readFile(path.join(FIXTURE, "platform.yaml"), "utf8"));
   if (!parsed.ok) throw new Error("the fixture's config is invalid");
@@ -126,4 +128,24 @@ it("rolls forward past the swap commit when Caddy restarted empty: the whole tab
   expect(outcome.status).toBe("completed");
   expect(lines.some((l) => l.startsWith("The route did not switch"))).toBe(true);
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("keeps a branch deployed before its group was renamed as the same app: relabelled, swapped by a redeploy, stopped by an undeploy", async () => {
+  const before = state.appOf("node-web", "main")!;
+  expect(before).toMatchObject({ key: "acme/node-web/main", group: "acme" });
+  expect(await state.relabelGroup("acme", "acme-co")).toBe(1);
+  expect(state.appOf("node-web", "main")).toMatchObject({ key: "acme/node-web/main", group: "acme-co" });
+  expect(Object.values(state.appOf("node-web", "main")!.services).flatMap((s) => s.replicas.map((r) => r.group))).toEqual(["acme-co"]);
+
+  const renamed = { ...job, group_slug: "acme-co" };
+  const redeploy = await deployer.deploy({ ...renamed, action_id: "0d7d5e4a-9a39-4a55-8a53-3f6f1e8c2b11", image_tag: "main-4567cdef" });
+  expect(redeploy).toMatchObject({ status: "completed", result: { previous_tag: "main-4567cdef" } });
+  expect(state.apps().map((a) => [a.key, a.group, a.colour])).toEqual([["acme/node-web/main", "acme-co", before.colour === "blue" ? "green" : "blue"]]);
+  expect(driver.list().filter((r) => r.running)).toHaveLength(1);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+
+  expect((await deployer.undeploy({ ...renamed, action_type: "UNDEPLOY" })).status).toBe("completed");
+  expect(state.apps()).toEqual([]);
+  expect(driver.list().filter((r) => r.running)).toEqual([]);
+  expect((await get(caddy.httpPort)).status).toBe(404);
 });

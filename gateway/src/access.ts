@@ -49,6 +49,8 @@ export interface AccessControl {
   /** Verifies a credential, from the cache when possible. */
   authenticate(raw: string): Promise<Principal>;
   flushUses(): Promise<void>;
+  /** A group renamed or deleted: nothing cached may keep answering for its old slug. */
+  forgetGroup(slug: string): void;
   close(): Promise<void>;
 }
 
@@ -146,6 +148,10 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
   return {
     authenticate,
     flushUses,
+    forgetGroup(slug) {
+      cache.invalidateGroup(slug);
+      knownGroups.delete(slug);
+    },
     async close() {
       clearInterval(timer);
       await flushUses();

@@ -7,7 +7,7 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } 
 import swagger from "@fastify/swagger";
 import { gatewayEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
-import { connectBus, subjects, subscribe, type Bus } from "@platform/bus";
+import { connectBus, parseGroupDeleted, parseGroupRenamed, subjects, subscribe, type Bus } from "@platform/bus";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
@@ -96,6 +96,9 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   // Every replica drops a revoked credential as soon as identity announces it.
   bus = await connectBus({ url: config.NATS_URL, name: "gateway", prefix: config.BUS_PREFIX ?? "", logger });
   const revocations = subscribe(bus, subjects.events.credentialRevoked, (event) => cache.invalidate(String(event.data.id)), logger);
+  // A renamed or deleted group's old slug must not keep answering from a cached principal.
+  const renames = subscribe(bus, subjects.events.groupRenamed, (event) => access.forgetGroup(parseGroupRenamed(event.data).previous_slug), logger);
+  const deletions = subscribe(bus, subjects.events.groupDeleted, (event) => parseGroupDeleted(event.data).slugs.forEach((slug) => access.forgetGroup(slug)), logger);
 
   await app.ready();
   return {
@@ -105,6 +108,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
       await app.close();
       await access.close();
       revocations.unsubscribe();
+      renames.unsubscribe();
+      deletions.unsubscribe();
       await bus?.close();
     },
   };

@@ -37,6 +37,23 @@ export const bodyErrors = {
   413: { ...errorRef, description: "Body larger than the gateway accepts." },
 } as const;
 
+/**
+ * The answers of a route that registers an app (POST /api/apps, and POST /api/builds for an
+ * unknown app) beyond its own 409s: the group lock codes (spec doc 1 sections 4.4 and 7).
+ */
+export function groupLockErrors(own409: string) {
+  return {
+    404: { ...errorRef, description: `${authErrors[404].description} Also: the group was deleted while the registration waited for its lock (nothing written).` },
+    409: {
+      ...errorRef,
+      description:
+        `${own409}; or a group lock code: \`group_busy\` (\`retry_after\`: seconds to wait; the group is being renamed or deleted), ` +
+        "`group_renamed_during_registration` (`group_slug`: the group's current slug; nothing written) or " +
+        "`group_deleted_during_registration` (nothing written).",
+    },
+  } as const;
+}
+
 /** Query parameters accepted on every route: group selection and the legacy environment. */
 export const commonQuery = {
   group: { type: "string", description: "Group to act in (first in the selection order; a group you are not a member of gives 404)." },

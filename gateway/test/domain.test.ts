@@ -59,6 +59,24 @@ describe("CredentialCache", () => {
     expect(cache.get("d3")).not.toBeNull();
   });
 
+  it("drops every principal naming a renamed or deleted group: key's group, membership or personal group", () => {
+    const cache = new CredentialCache(60_000);
+    cache.set("key-acme", key({ id: "k-acme" }));
+    cache.set("key-globex", key({ id: "k-globex", keyGroup: "globex" }));
+    cache.set("root", key({ id: "root", keyGroup: "", keyKind: "root" }));
+    cache.set("member", session({ id: "s-member" }));
+    cache.set("owner", session({ id: "s-owner", memberships: [{ groupSlug: "solo", role: "owner" }], user: { id: "u2", personalGroup: "solo" } }));
+    cache.invalidateGroup("acme");
+    expect(cache.get("key-acme")).toBeNull();
+    expect(cache.get("member")).toBeNull();
+    expect(cache.get("key-globex")).not.toBeNull();
+    expect(cache.get("root")).not.toBeNull();
+    expect(cache.get("owner")).not.toBeNull();
+    cache.invalidateGroup("solo");
+    expect(cache.get("owner")).toBeNull();
+    expect(cache.size).toBe(2);
+  });
+
   it("caches nothing with a zero TTL and stays bounded", () => {
     expect(new CredentialCache(0).size).toBe(0);
     const none = new CredentialCache(0);

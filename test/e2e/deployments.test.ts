@@ -4,7 +4,8 @@
  * it through a real Caddy; then a client requests its URL through the router. A second commit is
  * deployed while a client keeps requesting (no failed request across the swap), a crashing
  * release fails with its crash output while the older one keeps serving, cancel answers at each
- * point of the lifecycle, services stop and start, and undeploy takes the URL away.
+ * point of the lifecycle, services stop and start, the app keeps running through a rename of its
+ * group (and is undeployed under the new slug), and undeploy takes the URL away.
  */
 import { readFile } from "node:fs/promises";
 import path from "node:path";
@@ -359,6 +360,24 @@ describe("scale, primary services and visibility", () => {
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
     const queue = await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true`, { credential: acme });
     expect(queue.body.filter((a: any) => a.action_type === "RECONCILE_ROUTING").length).toBeGreaterThanOrEqual(2);
+  });
+});
+
+describe("a renamed group", () => {
+  it("keeps its running app: still served and running, its new log lines and later actions under the new slug", async () => {
+    const url = (await getApp()).urls[0] as string;
+    const restarts = async () => (await call(api, "GET", `/logs?app_name=${APP}&source=agent&search=restarted`, { credential: acme })).body.logs.length as number;
+    const before = await restarts();
+    expect((await call(api, "PATCH", "/groups/acme", { credential: fleet.rootKey, body: { slug: "acme-renamed" } })).status).toBe(200);
+    await expect.poll(async () => (await getApp()).group_slug, { timeout: 10_000 }).toBe("acme-renamed");
+    expect((await viaRouter(`${url}/`)).status).toBe(200);
+    // The agent relabels what it runs and says so in a heartbeat at once, not 30 s later.
+    await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services?.[0]?.status, { timeout: 10_000 }).toBe("running");
+    await expect.poll(restarts, { timeout: 10_000 }).toBe(before);
+    // A line the running replica's supervisor writes after the rename is the renamed group's.
+    expect((await viaRouter(`${url}/crash`)).body).toBe("exiting\n");
+    await expect.poll(restarts, { timeout: 30_000 }).toBe(before + 1);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
   });
 });
 

@@ -86,6 +86,8 @@ describe("OpenAPI document", () => {
       ["/api/health", "get"],
       ["/api/groups", "post"],
       ["/api/groups", "get"],
+      ["/api/groups/{slug}", "patch"],
+      ["/api/groups/{slug}", "delete"],
       ["/api/keys", "post"],
       ["/api/keys", "get"],
       ["/api/keys/{id}", "delete"],

@@ -7,6 +7,7 @@ import http from "node:http";
 import { openDatabase } from "@platform/db";
 import { entities } from "../../services/identity/src/entities/index.ts";
 import { migrations } from "../../services/identity/src/migrations/0001_identity.ts";
+import { groupLockMigrations } from "../../services/identity/src/migrations/0002_group_lock.ts";
 import { addMembership, createUser, mintSession } from "../../services/identity/src/domain/users.ts";
 import type { Role } from "@platform/caller";
 import type { TestFleet } from "@platform/testing";
@@ -52,7 +53,7 @@ export async function seedMember(
   fleet: TestFleet,
   init: { email: string; memberships?: Array<[string, Role]>; platformAdmin?: boolean; disabled?: boolean; kind?: "browser" | "cli" },
 ): Promise<Member> {
-  const orm = await openDatabase({ url: fleet.databaseUrl, schema: "identity", entities, migrations, poolMax: 2 });
+  const orm = await openDatabase({ url: fleet.databaseUrl, schema: "identity", entities, migrations: [...migrations, ...groupLockMigrations], poolMax: 2 });
   try {
     return await orm.em.fork().transactional(async (em) => {
       const user = await createUser(em, { email: init.email, platformAdmin: init.platformAdmin });

@@ -1,7 +1,9 @@
 /**
  * A short-lived cache of verified credentials, so most requests make no identity hop. An entry
  * lives at most `ttlMs` and never past the credential's own validity (a session's idle window or
- * absolute cap); a revocation event drops it at once on every gateway replica.
+ * absolute cap); a revocation event drops it at once on every gateway replica, and so does the
+ * rename or deletion of a group the principal names (its key's group, a membership, its personal
+ * group), whose slug the cached principal would otherwise keep serving.
  */
 import type { Principal } from "@platform/proto";
 
@@ -51,6 +53,15 @@ export class CredentialCache {
   invalidate(principalId: string): void {
     for (const digest of this.#digestsById.get(principalId) ?? []) this.#byDigest.delete(digest);
     this.#digestsById.delete(principalId);
+  }
+
+  /** Drops every cached credential whose principal names the group `slug`. */
+  invalidateGroup(slug: string): void {
+    for (const [digest, { principal }] of this.#byDigest) {
+      if (principal.keyGroup === slug || principal.user?.personalGroup === slug || principal.memberships.some((m) => m.groupSlug === slug)) {
+        this.#remove(digest, principal.id);
+      }
+    }
   }
 
   get size(): number {

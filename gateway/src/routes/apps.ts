@@ -4,7 +4,7 @@ import { toJson } from "@bufbuild/protobuf";
 import { ListValueSchema } from "@bufbuild/protobuf/wkt";
 import type { App, AppsBuildsService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -106,9 +106,9 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         },
         response: {
           201: appResponse,
-          409: { $ref: "Error#", description: "`app_exists`, `branch_collides` or `repository_already_registered`." },
           ...authErrors,
           ...bodyErrors,
+          ...groupLockErrors("`app_exists`, `branch_collides` or `repository_already_registered`"),
         },
       },
     },

@@ -5,7 +5,7 @@ import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isRunning } from "../domain/build-log.ts";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -108,9 +108,9 @@ export function buildRoutes(
             },
             required: ["tag", "action_id", "status", "build_id"],
           },
-          409: { $ref: "Error#", description: "`preflight_quarantined` (with remediation text) or `repository_mismatch`." },
           ...authErrors,
           ...bodyErrors,
+          ...groupLockErrors("`preflight_quarantined` (with remediation text) or `repository_mismatch`"),
         },
       },
     },

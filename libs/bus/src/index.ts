@@ -16,7 +16,7 @@ import {
 import type { Logger } from "@platform/logger";
 import { claimEvent, claimEvents, sqlPool, type MikroORM, type EntityManager } from "@platform/db";
 import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
-import { streams, type StreamDeclaration } from "./subjects.ts";
+import { events, streams, type StreamDeclaration } from "./subjects.ts";
 
 export * as subjects from "./subjects.ts";
 export type { NatsConnection, JetStreamClient, JetStreamManager, JsMsg, MsgHdrs, Subscription };
@@ -419,4 +419,79 @@ export function subscribe(bus: Bus, subject: string, handle: (data: EventEnvelop
     }
   })();
   return sub;
+}
+
+/** identity's `group_renamed`, as the services, gateways and agents that keep group slugs read it. */
+export interface GroupRenamed {
+  group_id: string;
+  slug: string;
+  previous_slug: string;
+}
+
+/** identity's `group_deleted`: every slug the group had (its last one and those it was renamed away from). */
+export interface GroupDeleted {
+  group_id: string;
+  slugs: string[];
+}
+
+export function parseGroupRenamed(data: Record<string, unknown>): GroupRenamed {
+  const { group_id, slug, previous_slug } = data;
+  if (typeof group_id !== "string" || typeof slug !== "string" || !slug || typeof previous_slug !== "string" || !previous_slug) {
+    throw new Error("group_renamed event without group_id, slug and previous_slug");
+  }
+  return { group_id, slug, previous_slug };
+}
+
+export function parseGroupDeleted(data: Record<string, unknown>): GroupDeleted {
+  const { group_id, slugs } = data;
+  if (typeof group_id !== "string" || !Array.isArray(slugs) || slugs.length === 0 || !slugs.every((s) => typeof s === "string" && s)) {
+    throw new Error("group_deleted event without group_id and slugs");
+  }
+  return { group_id, slugs };
+}
+
+export interface GroupEventConsumerOptions {
+  bus: Bus;
+  orm: MikroORM;
+  logger: Logger;
+  /** Names the durables (`<service>-group-renamed`) and the ledger (`<service>.group-renamed`). */
+  service: string;
+  renamed(em: EntityManager, event: GroupRenamed): Promise<void>;
+  /** For a service that drops what it keeps of a deleted group. */
+  deleted?(em: EntityManager, event: GroupDeleted): Promise<void>;
+}
+
+/**
+ * The consumers of a service that keeps rows under group slugs: each group event handled once,
+ * its writes committed with the ledger row (handleOnce). A malformed event is terminated:
+ * redelivering it would never make it valid.
+ */
+export async function consumeGroupEvents(opts: GroupEventConsumerOptions): Promise<RunningConsumer> {
+  const { bus, logger } = opts;
+  const start = <T>(name: string, subject: string, parse: (data: Record<string, unknown>) => T, handle: (em: EntityManager, event: T) => Promise<void>) =>
+    runConsumer({
+      bus,
+      stream: streams(bus.prefix).events.name,
+      durable: `${opts.service}-${name}`,
+      filterSubject: bus.subject(subject),
+      logger,
+      async handle(msg) {
+        let event: T;
+        try {
+          event = parse(msg.json<EventEnvelope>().data ?? {});
+        } catch (err) {
+          logger.error({ err, subject: msg.subject }, "malformed event dropped");
+          msg.term();
+          return;
+        }
+        await handleOnce(opts.orm, `${opts.service}.${name}`, msg, (em) => handle(em, event));
+      },
+    });
+  const consumers = [await start("group-renamed", events.groupRenamed, parseGroupRenamed, opts.renamed)];
+  if (opts.deleted) consumers.push(await start("group-deleted", events.groupDeleted, parseGroupDeleted, opts.deleted));
+  return {
+    async stop() {
+      for (const c of consumers) await c.stop();
+    },
+  };
 }

@@ -9,6 +9,15 @@ export const events = {
   /** A key or session stopped being valid; gateways drop it from their credential caches. */
   credentialRevoked: "events.identity.credential_revoked",
   groupCreated: "events.identity.group_created",
+  /** A group's display name changed (its slug did not). */
+  groupUpdated: "events.identity.group_updated",
+  /**
+   * A group got a new slug (its id stays): every service keeping rows under the old slug re-keys
+   * them, gateways drop cached credentials naming it, agents relabel what they run.
+   */
+  groupRenamed: "events.identity.group_renamed",
+  /** A group (owning no apps) was deleted: services drop what they still keep under its slugs. */
+  groupDeleted: "events.identity.group_deleted",
   /** An app's repository check is (re)queued; apps-builds asks an agent and records the answer. */
   preflightRequested: "events.apps_builds.preflight_requested",
   /**

@@ -217,6 +217,8 @@ export function serviceEnv(name: ServiceName) {
 
 export const identityEnv = {
   ...serviceEnv("identity"),
+  // A group that still owns apps is not deleted: apps-builds is asked.
+  ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
   PLATFORM_ROOT_KEY: {
     type: "string",
     optional: true,
@@ -241,6 +243,8 @@ export function allowFileRepos(config: { PLATFORM_ALLOW_FILE_REPOS?: boolean; PL
 export const appsBuildsEnv = {
   ...serviceEnv("apps-builds"),
   ...fileRepos,
+  // Registration takes the group lock, which identity (the owner of groups) keeps.
+  ...(serviceUrl("identity") as Record<"IDENTITY_URL", VarSpec>),
 } as const satisfies EnvSpec;
 
 export const deployQueueEnv = {

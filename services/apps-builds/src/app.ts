@@ -1,8 +1,12 @@
 /**
  * apps-builds: apps per branch, their preflight state, builds, variables and config layers.
+ * Registrations write under identity's group lock; a group renamed there re-keys apps and builds.
  */
 import { appsBuildsEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
+import { consumeGroupEvents } from "@platform/bus";
+import { createServiceClient } from "@platform/rpc";
+import { IdentityService } from "@platform/proto";
 import { entities } from "./entities/index.ts";
 import { variableEntities } from "./entities/variables.ts";
 import { migrations } from "./migrations/0001_apps.ts";
@@ -18,6 +22,8 @@ import { buildHandlers } from "./rpc-builds.ts";
 import { settingsHandlers } from "./rpc-settings.ts";
 import { routes } from "./rpc.ts";
 import { variableHandlers } from "./rpc-variables.ts";
+import { rekeyGroup } from "./domain/group-rename.ts";
+import { REGISTRATION_WAIT_MS } from "./domain/group-lock.ts";
 
 export type AppsBuildsConfig = Config<typeof appsBuildsEnv>;
 
@@ -27,11 +33,25 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     config,
     entities: [...entities, ...variableEntities],
     migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations, ...deploymentMigrations],
-    routes: (ctx) => routes({ ...ctx, config }, buildHandlers, settingsHandlers, variableHandlers),
+    routes: (ctx) =>
+      routes(
+        // An acquire waits up to REGISTRATION_WAIT_MS for the lease before it answers.
+        { ...ctx, config, groupLock: createServiceClient(IdentityService, config.IDENTITY_URL, { timeoutMs: REGISTRATION_WAIT_MS + 5_000 }) },
+        buildHandlers,
+        settingsHandlers,
+        variableHandlers,
+      ),
     async onStart(ctx) {
       const preflight = await startPreflightWorker(ctx);
       const tracker = await startBuildTracker(ctx);
-      return [() => preflight.stop(), () => tracker.stop()];
+      const groups = await consumeGroupEvents({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "apps-builds",
+        renamed: (em, e) => rekeyGroup(em, [e.previous_slug], e.slug),
+      });
+      return [() => preflight.stop(), () => tracker.stop(), () => groups.stop()];
     },
   });
 }

@@ -53,7 +53,7 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
         skipPreflight: req.skipPreflight,
       };
       const triggered =
-        (await triggerBuildOfRegisteredApp(await db, caller, input)) ?? (await ctx.write((em) => triggerBuild(em, caller, input, policy)));
+        (await triggerBuildOfRegisteredApp(await db, caller, input)) ?? (await triggerBuild({ lock: ctx.groupLock, transact: ctx.write }, caller, input, policy));
       ctx.relay.kick();
       return { tag: triggered.tag, actionId: triggered.buildId, buildId: triggered.buildId, status: "queued", registered: triggered.registered };
     },

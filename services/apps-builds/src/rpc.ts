@@ -13,7 +13,8 @@ import { resolveClaimedRelease, resolveRelease } from "./domain/releases.ts";
 import { buildCounts } from "./domain/builds.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
-import { registerApp } from "./domain/registration.ts";
+import { registerUnderGroupLock } from "./domain/registration.ts";
+import type { GroupLock } from "./domain/group-lock.ts";
 import { requeuePreflight } from "./domain/preflight.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
@@ -86,6 +87,8 @@ export function appMsg(a: App, router: RouterSettings, builds: number, single?: 
 
 export type AppsBuildsContext = ServiceContext & {
   config: { PLATFORM_ALLOW_FILE_REPOS?: boolean; PLATFORM_ENVIRONMENT: string; PLATFORM_DOMAIN: string; PLATFORM_ROUTER_PORT: number };
+  /** identity's group lock, which registrations take. */
+  groupLock: GroupLock;
 };
 
 /** Handlers of AppsBuildsService; each capability contributes its own group of methods. */
@@ -105,30 +108,28 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
 
       async registerApp(req) {
         const caller = requireCaller(req.caller);
-        const { app, preflightActionId, copiedVarKeys, cloneDataScheduled } = await ctx.write((em) =>
-          registerApp(
-            em,
-            caller,
-            {
-              appName: req.appName,
-              repository: req.repository,
-              displayName: req.displayName,
-              branch: req.branch,
-              description: req.description,
-              configPath: req.configPath,
-              groupSlug: req.groupSlug,
-              databaseEnabled: req.databaseEnabled,
-              cacheEnabled: req.cacheEnabled,
-              emailEnabled: req.emailEnabled,
-              copyVarsFromBranch: req.copyVarsFromBranch,
-              cloneDataFromBranch: req.cloneDataFromBranch,
-              cloneComponents: req.cloneComponents
-                ? { db: req.cloneComponents.db, drives: req.cloneComponents.drives, buckets: req.cloneComponents.buckets }
-                : undefined,
-              seedFromReference: req.seedFromReference,
-            },
-            policy,
-          ),
+        const { app, preflightActionId, copiedVarKeys, cloneDataScheduled } = await registerUnderGroupLock(
+          { lock: ctx.groupLock, transact: ctx.write },
+          caller,
+          {
+            appName: req.appName,
+            repository: req.repository,
+            displayName: req.displayName,
+            branch: req.branch,
+            description: req.description,
+            configPath: req.configPath,
+            groupSlug: req.groupSlug,
+            databaseEnabled: req.databaseEnabled,
+            cacheEnabled: req.cacheEnabled,
+            emailEnabled: req.emailEnabled,
+            copyVarsFromBranch: req.copyVarsFromBranch,
+            cloneDataFromBranch: req.cloneDataFromBranch,
+            cloneComponents: req.cloneComponents
+              ? { db: req.cloneComponents.db, drives: req.cloneComponents.drives, buckets: req.cloneComponents.buckets }
+              : undefined,
+            seedFromReference: req.seedFromReference,
+          },
+          policy,
         );
         // A new registration has no builds; one made by a build request's auto-registration neither.
         return { app: appMsg(app, router, app.buildCount), preflightActionId, copiedVarKeys: copiedVarKeys ?? [], cloneDataScheduled: cloneDataScheduled

@@ -17,6 +17,7 @@ import { parseAppConfigYaml } from "@platform/app-config";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
+import { startIdentity, type TestIdentity } from "./identity.ts";
 import { App } from "../src/entities/index.ts";
 import { PATCH_FIELDS, SEED_REFERENCE_MAX } from "../src/domain/app-settings.ts";
 // The gateway's routes for these capabilities, mounted over this service in the last block.
@@ -29,6 +30,7 @@ const REPOSITORY = "https://example.com/acme/web.git";
 
 let databaseUrl: string;
 let prefix: string;
+let identity: TestIdentity;
 let service: RunningService;
 let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
 let bus: Bus;
@@ -104,8 +106,9 @@ function repoConfig(): Record<string, any> {
 beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
+  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme", "globex"] });
   service = await build(
-    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent", IDENTITY_URL: identity.url }),
   );
   client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
   bus = await connectBus({ url: testNatsUrl(), name: "apps-builds-test", prefix });
@@ -121,6 +124,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await bus?.close();
   await service?.close();
+  await identity?.service.close();
   if (databaseUrl) await dropDatabase(databaseUrl);
   if (prefix) await deleteBusStreams(prefix);
 });

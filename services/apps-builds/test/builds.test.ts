@@ -17,6 +17,7 @@ import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { routerSettings } from "../src/rpc.ts";
 import { resolveClaimedRelease } from "../src/domain/releases.ts";
+import { startIdentity, type TestIdentity } from "./identity.ts";
 
 const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
 const REPOSITORY = "https://example.com/acme/shop.git";
@@ -27,6 +28,7 @@ let service: RunningService;
 let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
 let bus: Bus;
 let db: pg.Client;
+let identity: TestIdentity;
 const requested: EventEnvelope[] = [];
 
 const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
@@ -58,8 +60,10 @@ async function buildRows(app = "shop") {
 beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
+  // Registrations (auto-registration included) take the group lock from identity.
+  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme"] });
   service = await build(
-    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent", IDENTITY_URL: identity.url }),
   );
   client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
   bus = await connectBus({ url: testNatsUrl(), name: "apps-builds-builds-test", prefix });
@@ -73,6 +77,7 @@ afterAll(async () => {
   await db?.end();
   await bus?.close();
   await service?.close();
+  await identity?.service.close();
   if (databaseUrl) await dropDatabase(databaseUrl);
   if (prefix) await deleteBusStreams(prefix);
 });

@@ -13,9 +13,11 @@ import { connectBus, subjects, type Bus } from "@platform/bus";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
+import { startIdentity, type TestIdentity } from "./identity.ts";
 
 let databaseUrl: string;
 let prefix: string;
+let identity: TestIdentity;
 let service: RunningService;
 let bus: Bus;
 const requests: unknown[] = [];
@@ -41,11 +43,15 @@ beforeAll(async () => {
     }
   })();
   await bus.nc.flush();
-  service = await build(loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }));
+  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme"] });
+  service = await build(
+    loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent", IDENTITY_URL: identity.url }),
+  );
 });
 
 afterAll(async () => {
   await service?.close();
+  await identity?.service.close();
   await bus?.close();
   if (databaseUrl) await dropDatabase(databaseUrl);
   if (prefix) await deleteBusStreams(prefix);

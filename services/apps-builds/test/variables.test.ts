@@ -16,12 +16,14 @@ import { App } from "../src/entities/index.ts";
 import { AuditEntry, Variable, VariableSet } from "../src/entities/variables.ts";
 import { registerApp } from "../src/domain/registration.ts";
 import { copyVarsForRegistration, putVariables } from "../src/domain/variables.ts";
+import { startIdentity, type TestIdentity } from "./identity.ts";
 
 const REPOSITORY = "https://example.com/acme/web.git";
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/;
 
 let databaseUrl: string;
 let prefix: string;
+let identity: TestIdentity;
 let service: RunningService;
 let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
 
@@ -54,6 +56,7 @@ async function put(appName: string, branch: string, variables: Record<string, st
 beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
+  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme", "globex"] });
   service = await build(
     loadConfig(appsBuildsEnv, {
       DATABASE_URL: databaseUrl,
@@ -61,6 +64,7 @@ beforeAll(async () => {
       BUS_PREFIX: prefix,
       RPC_PORT: "0",
       LOG_LEVEL: "silent",
+      IDENTITY_URL: identity.url,
     }),
   );
   client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
@@ -68,6 +72,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await service?.close();
+  await identity?.service.close();
   if (databaseUrl) await dropDatabase(databaseUrl);
   if (prefix) await deleteBusStreams(prefix);
 });

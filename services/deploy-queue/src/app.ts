@@ -2,7 +2,8 @@
  * deploy-queue: the queue (spec doc 1 sections 2.5, 4.5), the authority on work state. Actions are
  * created from `build_requested` events, dispatched on JetStream to agents (work.host.<id> or
  * work.any), claimed through the admission gates, and followed to completion; every change is
- * announced as `action_updated`. Agents are known from their heartbeats.
+ * announced as `action_updated`. Agents are known from their heartbeats. A group renamed in
+ * identity re-keys its actions and history; a deleted one drops them.
  */
 import { deployQueueEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
@@ -10,9 +11,11 @@ import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_queue.ts";
 import { deploymentMigrations } from "./migrations/0002_deployments.ts";
 import { createServiceClient } from "@platform/rpc";
+import { consumeGroupEvents } from "@platform/bus";
 import { AppsBuildsService } from "@platform/proto";
 import { routes } from "./rpc.ts";
 import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs, startReconcileConsumer } from "./workers.ts";
+import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 
 export type DeployQueueConfig = Config<typeof deployQueueEnv>;
 
@@ -27,8 +30,16 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);
       const reconcile = await startReconcileConsumer(ctx);
+      const groups = await consumeGroupEvents({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "deploy-queue",
+        renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
+        deleted: (em, e) => forgetGroup(em, e.slugs),
+      });
       const jobs = startPeriodicJobs(ctx);
-      return [() => jobs.stop(), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
+      return [() => jobs.stop(), () => groups.stop(), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
     },
   });
 }

@@ -1,7 +1,8 @@
 /**
  * deploy-queue against the real Postgres and NATS JetStream, through its Connect API: actions from
  * build_requested events, dispatch to agents, claims through the admission gates, progress,
- * completion, cancel, prioritize, admit-force, reads, stuck_class and pruning.
+ * completion, cancel, prioritize, admit-force, reads, stuck_class, pruning, and following a
+ * group's rename or deletion.
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -15,10 +16,11 @@ import { createLogger } from "@platform/logger";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
-import { Action, Agent } from "../src/entities/index.ts";
+import { Action, Agent, HistoryRecord } from "../src/entities/index.ts";
 import { acceptBuildRequest, type BuildRequested } from "../src/domain/intake.ts";
 import { redispatchFromSilentHosts } from "../src/domain/placement.ts";
 import { pruneTerminal } from "../src/domain/pruning.ts";
+import { recordHistory } from "../src/domain/history.ts";
 import { BUILD_REQUESTED_DURABLE } from "../src/workers.ts";
 
 const logger = createLogger({ service: "deploy-queue-test", level: "silent", pretty: false });
@@ -526,6 +528,45 @@ describe("events", () => {
     });
     expect(typeof last.claimed_at).toBe("string");
     expect(typeof last.completed_at).toBe("string");
+  });
+});
+
+describe("a renamed or deleted group", () => {
+  /** Publishes one of identity's group events, as its outbox relay would. */
+  async function announce(subject: string, data: Record<string, unknown>) {
+    const id = randomUUID();
+    await bus.js.publish(bus.subject(subject), JSON.stringify({ id, data }), { msgID: id });
+  }
+  const actionsOf = (groupSlug: string) => service.ctx.read((em) => em.find(Action, { groupSlug }));
+  const historyOf = (groupSlug: string) => service.ctx.read((em) => em.find(HistoryRecord, { groupSlug }));
+
+  it("moves the group's actions, their work description and its deployment history to the new slug (group_renamed)", async () => {
+    const moving = await queueBuild({ group_slug: "umbrella", app_name: "hive" });
+    const staying = await queueBuild({ group_slug: "tyrell", app_name: "nexus" });
+    await service.ctx.write(async (em) => {
+      const deploy = await em.findOneOrFail(Action, { id: moving.deployId });
+      Object.assign(deploy, { status: "completed", completedAt: new Date() });
+      recordHistory(em, deploy, new Date());
+    });
+
+    await announce(subjects.events.groupRenamed, { group_id: randomUUID(), slug: "umbrella-corp", previous_slug: "umbrella" });
+    await expect.poll(async () => (await actionsOf("umbrella-corp")).length, { timeout: 10_000 }).toBe(2);
+    expect(await actionsOf("umbrella")).toEqual([]);
+    expect((await row(moving.buildId)).payload).toMatchObject({ group_slug: "umbrella-corp", app_name: "hive" });
+    expect((await historyOf("umbrella-corp")).map((h) => h.deploymentId)).toEqual([moving.deployId]);
+    const listed = await client.listQueue({ caller: caller("umbrella-corp"), all: true });
+    expect(listed.items.map((a) => a.actionId).sort()).toEqual([moving.buildId, moving.deployId].sort());
+    expect((await client.listQueue({ caller: caller("umbrella"), all: true })).items).toEqual([]);
+    expect((await row(staying.buildId)).groupSlug).toBe("tyrell");
+  });
+
+  it("drops the actions and history under any slug a deleted group had (group_deleted)", async () => {
+    const straggler = await queueBuild({ group_slug: "umbrella", app_name: "hive-old" });
+    await announce(subjects.events.groupDeleted, { group_id: randomUUID(), slugs: ["umbrella-corp", "umbrella"] });
+    await expect.poll(async () => (await actionsOf("umbrella-corp")).length + (await actionsOf("umbrella")).length, { timeout: 10_000 }).toBe(0);
+    expect(await historyOf("umbrella-corp")).toEqual([]);
+    expect(await service.ctx.read((em) => em.findOne(Action, { id: straggler.buildId }))).toBeNull();
+    expect((await actionsOf("tyrell")).length).toBeGreaterThan(0);
   });
 });
 

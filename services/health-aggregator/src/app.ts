@@ -4,11 +4,13 @@
  */
 import { loadConfig, serviceEnv } from "@platform/config";
 import { startService, type RunningService, type ServiceConfig } from "@platform/service";
+import { consumeGroupEvents } from "@platform/bus";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
 import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
 import { LogStore } from "./domain/log-store.ts";
+import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
 
@@ -42,7 +44,15 @@ export async function build(
         throw err;
       });
       const started = ingestion;
-      return [() => started.stop(), () => logStore.close()];
+      const groups = await consumeGroupEvents({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "health-aggregator",
+        renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
+        deleted: (em, e) => forgetGroup(em, e.slugs),
+      });
+      return [() => groups.stop(), () => started.stop(), () => logStore.close()];
     },
   });
   return Object.assign(running, { store: store!, ingestion: ingestion! });

@@ -1,7 +1,8 @@
 /**
  * Logs end to end inside health-aggregator, against the real Postgres and NATS JetStream: lines
  * shipped with LogShipper are ingested in batches and served by QueryLogs with every rule of
- * spec doc 1 section 4.6 (filters, source semantics, tenancy, full-text search, paging).
+ * spec doc 1 section 4.6 (filters, source semantics, tenancy, full-text search, paging), and
+ * follow their group's rename or deletion.
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -580,6 +581,44 @@ describe("the agent's lines: source semantics and why a container answer is empt
       expect(r, source).toMatchObject({ logs: [], total: 0 });
       expect(r.reason, source).toBeUndefined();
     }
+  });
+});
+
+describe("a renamed or deleted group", () => {
+  /** Publishes one of identity's group events, as its outbox relay would. */
+  async function announce(subject: string, data: Record<string, unknown>) {
+    const id = randomUUID();
+    await bus.js.publish(bus.subject(subject), JSON.stringify({ id, data }), { msgID: id });
+  }
+  const rowsOf = async (slug: string) => {
+    const counts: Record<string, number> = {};
+    for (const table of ["log_lines", "log_branches", "log_builds", "log_groups"]) {
+      counts[table] = (await db.query<{ n: number }>(`select count(*)::int as n from ${table} where group_slug = $1`, [slug])).rows[0]!.n;
+    }
+    return counts;
+  };
+  const lines = (group: string, app: string): LogLineInput[] => [
+    { ts: ago(MIN), source: "container", app_name: app, group_slug: group, branch: "main", service_name: "web", message: `${app} says hello` },
+    { ts: ago(MIN), source: "build", app_name: app, group_slug: group, branch: "main", build_id: randomUUID(), message: `${app} built` },
+  ];
+
+  it("moves the group's lines, and what ingestion keeps of them, to the new slug (group_renamed)", async () => {
+    await shipAndWait([...lines("umbrella", "hive"), ...lines("tyrell", "nexus")], "app_name in ('hive', 'nexus')", [], 4);
+    await announce(subjects.events.groupRenamed, { group_id: randomUUID(), slug: "umbrella-corp", previous_slug: "umbrella" });
+    await until(async () => (await count("group_slug = $1", ["umbrella-corp"])) === 2, "lines under the new slug");
+    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 2, log_branches: 1, log_builds: 1, log_groups: 1 });
+    expect(await rowsOf("umbrella")).toEqual({ log_lines: 0, log_branches: 0, log_builds: 0, log_groups: 0 });
+    expect((await query(tenant("umbrella-corp"), { appName: "hive" })).total).toBe(2);
+    expect((await query(tenant("umbrella"), { appName: "hive" })).total).toBe(0);
+    expect((await query(tenant("tyrell"), { appName: "nexus" })).total).toBe(2);
+  });
+
+  it("drops every line under any slug a deleted group had (group_deleted)", async () => {
+    await shipAndWait(lines("umbrella", "hive-old"), "app_name = 'hive-old'", []);
+    await announce(subjects.events.groupDeleted, { group_id: randomUUID(), slugs: ["umbrella-corp", "umbrella"] });
+    await until(async () => (await count("group_slug in ('umbrella', 'umbrella-corp')")) === 0, "the deleted group's lines gone");
+    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 0, log_branches: 0, log_builds: 0, log_groups: 0 });
+    expect(await rowsOf("tyrell")).toEqual({ log_lines: 2, log_branches: 1, log_builds: 1, log_groups: 1 });
   });
 });
 

@@ -1,11 +1,14 @@
 /**
- * identity: users, groups, memberships, API keys, sessions and the audit log. On start it seeds
- * the environment's root key from PLATFORM_ROOT_KEY.
+ * identity: users, groups and the group lock, memberships, API keys, sessions and the audit log.
+ * On start it seeds the environment's root key from PLATFORM_ROOT_KEY.
  */
 import { identityEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
+import { createServiceClient } from "@platform/rpc";
+import { AppsBuildsService } from "@platform/proto";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_identity.ts";
+import { groupLockMigrations } from "./migrations/0002_group_lock.ts";
 import { seedRootKey } from "./domain/keys.ts";
 import { routes } from "./rpc.ts";
 
@@ -16,8 +19,8 @@ export function build(config: IdentityConfig = loadConfig(identityEnv)): Promise
     name: "identity",
     config,
     entities,
-    migrations,
-    routes,
+    migrations: [...migrations, ...groupLockMigrations],
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL)),
     async onStart(ctx) {
       const rootKey = config.PLATFORM_ROOT_KEY;
       if (rootKey) {

@@ -1,18 +1,22 @@
 /** Connect handlers of identity: thin translations between protobuf and the domain. */
-import type { ConnectRouter } from "@connectrpc/connect";
+import type { Client, ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import {
   ApiKeySchema,
+  GroupLeaseOutcomeSchema,
   GroupSchema,
   IdentityService,
   PrincipalSchema,
   SessionSchema,
   type ApiKey as ApiKeyMsg,
+  type AppsBuildsService,
+  type GroupLeaseOutcome,
 } from "@platform/proto";
-import { requireCaller } from "@platform/caller";
+import { requireCaller, type Caller } from "@platform/caller";
 import type { ServiceContext } from "@platform/service";
 import type { Group, Session } from "./entities/index.ts";
-import { createGroup, findVisibleGroup, listGroups } from "./domain/groups.ts";
+import { createGroup, deleteGroup, findVisibleGroup, listGroups, updateGroup } from "./domain/groups.ts";
+import { acquireLease, confirmLease, releaseLease, type LeaseOutcome } from "./domain/group-lock.ts";
 import { listKeys, mintKey, revokeKey, type KeyView } from "./domain/keys.ts";
 import { touchCredentials, verifyCredential } from "./domain/verification.ts";
 import { listSessions, revokeSession } from "./domain/sessions-admin.ts";
@@ -45,7 +49,21 @@ const sessionMsg = (s: Session, currentId: string) =>
     current: s.id === currentId,
   });
 
-export function routes(ctx: ServiceContext) {
+function leaseOutcomeMsg(o: LeaseOutcome): GroupLeaseOutcome {
+  return create(GroupLeaseOutcomeSchema, {
+    outcome: o.outcome,
+    lease:
+      o.outcome === "granted" || o.outcome === "held"
+        ? { ...o.lease, expiresAtMs: BigInt(o.lease.expiresAt.getTime()) }
+        : undefined,
+    retryAfterS: o.outcome === "busy" ? o.retryAfterS : 0,
+    groupSlug: o.outcome === "renamed" ? o.groupSlug : "",
+  });
+}
+
+export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>) {
+  // How many app branches a group owns under one slug, as apps-builds answers the operator acting in it.
+  const appsIn = (caller: Caller) => async (slug: string) => (await apps.listApps({ caller: { ...caller, selectedGroup: slug }, allGroups: false })).total;
   return (router: ConnectRouter) => {
     router.service(IdentityService, {
       readiness: (req) => ctx.readiness(req),
@@ -94,6 +112,33 @@ export function routes(ctx: ServiceContext) {
       async createGroup(req) {
         const caller = requireCaller(req.caller);
         return groupMsg(await ctx.write((em) => createGroup(em, caller, { slug: req.slug, displayName: req.displayName })));
+      },
+
+      async updateGroup(req) {
+        const caller = requireCaller(req.caller);
+        return groupMsg(await updateGroup(ctx.write, caller, req.slug, { newSlug: req.newSlug, displayName: req.displayName }));
+      },
+
+      async deleteGroup(req) {
+        const caller = requireCaller(req.caller);
+        await deleteGroup(ctx.write, caller, req.slug, appsIn(caller));
+        return {};
+      },
+
+      async acquireGroupLease(req) {
+        return leaseOutcomeMsg(
+          await acquireLease(ctx.write, { groupSlug: req.groupSlug, mode: req.mode, holder: req.holder, ttlMs: req.ttlMs, waitMs: req.waitMs }),
+        );
+      },
+
+      async confirmGroupLease(req) {
+        const lease = req.lease ?? { id: "", groupId: "", groupSlug: "", mode: "" };
+        return leaseOutcomeMsg(await ctx.write((em) => confirmLease(em, lease, req.ttlMs)));
+      },
+
+      async releaseGroupLease(req) {
+        await ctx.write((em) => releaseLease(em, req.leaseId));
+        return {};
       },
 
       async listGroups(req) {

@@ -4,13 +4,15 @@
  */
 import { randomBytes, randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
+import { LockMode } from "@mikro-orm/core";
 import { enqueueEvent, outboxEvent, type EntityManager, type SqlPool } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
-import { registerApp } from "./registration.ts";
+import { registerApp, registrationHolder } from "./registration.ts";
+import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 import { requirePreflightPassed } from "./preflight.ts";
 import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
 
@@ -109,12 +111,14 @@ const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, br
 
 /**
  * The builds row and its outbox event in one statement: both are written, or neither, and only
- * while the apps row still holds the values they were made from and the build is admitted.
+ * while the apps row still holds the values they were made from and the build is admitted. The
+ * apps row is held in share mode meanwhile, as in `triggerBuild`, for a rename's re-key.
  */
 const INSERT_BUILD = `with app as (
     select id from apps
     where id = $2 and app_name = $3 and display_name = $4 and group_slug = $5 and branch = $6 and branch_label = $15 and repository = $16 and config_path = $17
-      and ($18::boolean or preflight_status in ('ready', 'exempt'))),
+      and ($18::boolean or preflight_status in ('ready', 'exempt'))
+    for share),
   b as (
     insert into builds (id, app_id, app_name, display_name, group_slug, branch, tag, status, queue_status, codebuild_phase, auto_deploy, deploy_action_id, created_by)
     select $1, app.id, $3, $4, $5, $6, $7, 'queued', 'queued', 'SUBMITTED', $8, $9, $10 from app
@@ -200,22 +204,40 @@ export async function triggerBuildOfRegisteredApp(db: SqlPool, caller: Caller, i
 
 const FOREIGN_KEY_VIOLATION = "23503";
 
-/** POST /api/builds through the ORM, registering the app first when it is unknown (spec 4.3). */
-export async function triggerBuild(em: EntityManager, caller: Caller, input: TriggerInput, policy: RepositoryPolicy): Promise<TriggeredBuild> {
+/**
+ * POST /api/builds through the ORM: for an app `triggerBuildOfRegisteredApp` did not find. An
+ * unknown app is registered through the same code as POST /api/apps, under the group lock, and
+ * built in the same transaction. A registered app's row is held in share mode while its build is
+ * written, so a rename's re-key (group-rename.ts), which updates that row first, waits for the
+ * build's row to commit and then moves it too.
+ */
+export async function triggerBuild(deps: { lock: GroupLock; transact: Transact }, caller: Caller, input: TriggerInput, policy: RepositoryPolicy): Promise<TriggeredBuild> {
   const { group, branch, baseName } = buildTarget(caller, input);
-  let app = await em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] });
-  let registered = false;
-  if (!app) {
-    ({ app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy));
-    registered = true;
-  }
+  const target = (em: EntityManager, share: boolean) =>
+    em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] }, share ? { lockMode: LockMode.PESSIMISTIC_READ } : {});
+
+  const built = await deps.transact(async (em) => {
+    const app = await target(em, true);
+    return app ? queueBuild(em, caller, app, input) : null;
+  });
+  if (built) return { ...built, registered: false };
+  return underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em) => {
+    // Registered meanwhile, or found once a rename not yet applied here was caught up with.
+    const found = await target(em, false);
+    const app = found ?? (await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy)).app;
+    return { ...(await queueBuild(em, caller, app, input)), registered: !found };
+  });
+}
+
+/** The build of a registered app through the ORM: its row (queued) and its build_requested event. */
+async function queueBuild(em: EntityManager, caller: Caller, app: App, input: TriggerInput): Promise<{ buildId: string; tag: string }> {
   admitBuild(app, input);
   for (;;) {
     const { row, event } = acceptBuild(app, caller, input);
     if (await em.findOne(Build, { appName: row.appName, tag: row.tag })) continue;
     em.create(Build, { ...row, status: "queued", queueStatus: "queued", codebuildPhase: "SUBMITTED", images: [] });
     enqueueEvent(em, subjects.events.buildRequested, { ...event });
-    return { buildId: row.id, tag: row.tag, registered };
+    return { buildId: row.id, tag: row.tag };
   }
 }
 

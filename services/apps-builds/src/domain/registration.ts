@@ -1,7 +1,8 @@
 /**
  * Registering an app (spec doc 1 section 4.4, POST /api/apps): name sanitising with a numeric
  * suffix when another group holds the name, one row per branch, the same-repository rule, and
- * the preflight quarantine every new app starts in.
+ * the preflight quarantine every new app starts in. A registration writes under the group lock
+ * (group-lock.ts).
  */
 import { randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
@@ -13,6 +14,7 @@ import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./r
 import { requeuePreflight } from "./preflight.ts";
 import { parseSeedReference, SEED_REFERENCE_MAX } from "./app-settings.ts";
 import { copyVarsForRegistration } from "./variables.ts";
+import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 
 export interface RegisterInput {
   appName: string;
@@ -55,15 +57,38 @@ function actor(caller: Caller): string {
   return `${caller.kind}:${caller.principalId}`;
 }
 
+/** Who holds a registration's lease on its group, as identity's lease table shows it. */
+export function registrationHolder(caller: Caller): string {
+  return `apps-builds registration by ${actor(caller)}`;
+}
+
+/** The group a registration writes in: the one named, else the one the caller acts in. */
+export function registrationGroup(caller: Caller, groupSlug: string | undefined): string {
+  const group = groupSlug?.trim() || caller.selectedGroup;
+  if (!group) throw PlatformError.invalid("Select the group to register the app in (group_slug or ?group=).");
+  if (!canSeeGroup(caller, group)) throw PlatformError.forbidden(`You are not authorised to register apps in group '${group}'.`);
+  return group;
+}
+
+/** POST /api/apps: the registration, written under the group lock. */
+export function registerUnderGroupLock(
+  deps: { lock: GroupLock; transact: Transact },
+  caller: Caller,
+  input: RegisterInput,
+  policy: RepositoryPolicy,
+): Promise<Registered> {
+  const group = registrationGroup(caller, input.groupSlug);
+  return underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), (em) => registerApp(em, caller, { ...input, groupSlug: group }, policy));
+}
+
+/** The registration's write, in the transaction of `em` (under the group lock: registerUnderGroupLock). */
 export async function registerApp(
   em: EntityManager,
   caller: Caller,
   input: RegisterInput,
   policy: RepositoryPolicy,
 ): Promise<Registered> {
-  const group = input.groupSlug?.trim() || caller.selectedGroup;
-  if (!group) throw PlatformError.invalid("Select the group to register the app in (group_slug or ?group=).");
-  if (!canSeeGroup(caller, group)) throw PlatformError.forbidden(`You are not authorised to register apps in group '${group}'.`);
+  const group = registrationGroup(caller, input.groupSlug);
   const baseName = appNameFrom(input.appName);
   const branch = checkBranch(input.branch || "main");
   const label = branchLabel(branch);

@@ -31,6 +31,40 @@ export const GroupSchema = defineEntity({
 export class Group extends GroupSchema.class {}
 GroupSchema.setClass(Group);
 
+/**
+ * A lease on a group (the group lock): shared or exclusive, until `expiresAt`. An exclusive
+ * request that has to wait is recorded ungranted (`grantedAt` null) so that shared requests
+ * arriving after it queue behind it.
+ */
+export const GroupLeaseSchema = defineEntity({
+  name: "GroupLease",
+  tableName: "group_leases",
+  properties: {
+    id: p.uuid().primary(),
+    groupId: p.uuid(),
+    mode: p.text(),
+    holder: p.text(),
+    requestedAt: p.datetime(),
+    grantedAt: p.datetime().nullable(),
+    expiresAt: p.datetime(),
+  },
+});
+export class GroupLease extends GroupLeaseSchema.class {}
+GroupLeaseSchema.setClass(GroupLease);
+
+/** A slug a group was renamed away from: reserved to that group. */
+export const FormerGroupSlugSchema = defineEntity({
+  name: "FormerGroupSlug",
+  tableName: "former_group_slugs",
+  properties: {
+    slug: p.text().primary(),
+    groupId: p.uuid(),
+    retiredAt: p.datetime().defaultRaw("now()"),
+  },
+});
+export class FormerGroupSlug extends FormerGroupSlugSchema.class {}
+FormerGroupSlugSchema.setClass(FormerGroupSlug);
+
 export const MembershipSchema = defineEntity({
   name: "Membership",
   tableName: "memberships",
@@ -103,4 +137,4 @@ export const AuditEntrySchema = defineEntity({
 export class AuditEntry extends AuditEntrySchema.class {}
 AuditEntrySchema.setClass(AuditEntry);
 
-export const entities = [UserSchema, GroupSchema, MembershipSchema, ApiKeySchema, SessionSchema, AuditEntrySchema];
+export const entities = [UserSchema, GroupSchema, GroupLeaseSchema, FormerGroupSlugSchema, MembershipSchema, ApiKeySchema, SessionSchema, AuditEntrySchema];

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file platform/identity/v1/identity.proto.
  */
 export const file_platform_identity_v1_identity: GenFile = /*@__PURE__*/
-  fileDesc("CiNwbGF0Zm9ybS9pZGVudGl0eS92MS9pZGVudGl0eS5wcm90bxIUcGxhdGZvcm0uaWRlbnRpdHkudjEiLgoKTWVtYmVyc2hpcBISCgpncm91cF9zbHVnGAEgASgJEgwKBHJvbGUYAiABKAkieQoEVXNlchIKCgJpZBgBIAEoCRINCgVlbWFpbBgCIAEoCRIUCgxkaXNwbGF5X25hbWUYAyABKAkSFgoOcGxhdGZvcm1fYWRtaW4YBCABKAgSEAoIZGlzYWJsZWQYBSABKAgSFgoOcGVyc29uYWxfZ3JvdXAYBiABKAki6AEKCVByaW5jaXBhbBIMCgRraW5kGAEgASgJEgoKAmlkGAIgASgJEg0KBXNjb3BlGAMgASgJEhEKCWtleV9ncm91cBgEIAEoCRIQCghrZXlfa2luZBgFIAEoCRIoCgR1c2VyGAYgASgLMhoucGxhdGZvcm0uaWRlbnRpdHkudjEuVXNlchI1CgttZW1iZXJzaGlwcxgHIAMoCzIgLnBsYXRmb3JtLmlkZW50aXR5LnYxLk1lbWJlcnNoaXASFAoMc2Vzc2lvbl9raW5kGAggASgJEhYKDnZhbGlkX3VudGlsX21zGAkgASgDIi0KF1ZlcmlmeUNyZWRlbnRpYWxSZXF1ZXN0EhIKCmNyZWRlbnRpYWwYASABKAkiTgoYVmVyaWZ5Q3JlZGVudGlhbFJlc3BvbnNlEjIKCXByaW5jaXBhbBgBIAEoCzIfLnBsYXRmb3JtLmlkZW50aXR5LnYxLlByaW5jaXBhbCI9Cg1DcmVkZW50aWFsVXNlEgwKBGtpbmQYASABKAkSCgoCaWQYAiABKAkSEgoKdXNlZF9hdF9tcxgDIAEoAyJMChdUb3VjaENyZWRlbnRpYWxzUmVxdWVzdBIxCgR1c2VzGAEgAygLMiMucGxhdGZvcm0uaWRlbnRpdHkudjEuQ3JlZGVudGlhbFVzZSIrChhUb3VjaENyZWRlbnRpYWxzUmVzcG9uc2USDwoHdG91Y2hlZBgBIAEoBSI/CgVHcm91cBIMCgRzbHVnGAEgASgJEhQKDGRpc3BsYXlfbmFtZRgCIAEoCRISCgpjcmVhdGVkX2F0GAMgASgJIksKD0dldEdyb3VwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEgwKBHNsdWcYAiABKAkiZAoSQ3JlYXRlR3JvdXBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISDAoEc2x1ZxgCIAEoCRIUCgxkaXNwbGF5X25hbWUYAyABKAkiPwoRTGlzdEdyb3Vwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlciJPChJMaXN0R3JvdXBzUmVzcG9uc2USKgoFaXRlbXMYASADKAsyGy5wbGF0Zm9ybS5pZGVudGl0eS52MS5Hcm91cBINCgV0b3RhbBgCIAEoBSKhAQoGQXBpS2V5EgoKAmlkGAEgASgJEg4KBnByZWZpeBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBXNjb3BlGAQgASgJEhIKCmdyb3VwX3NsdWcYBSABKAkSEgoKY3JlYXRlZF9hdBgGIAEoCRIUCgxsYXN0X3VzZWRfYXQYByABKAkSEgoKcmV2b2tlZF9hdBgIIAEoCRIMCgRraW5kGAkgASgJInwKEENyZWF0ZUtleVJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIMCgRuYW1lGAIgASgJEg0KBXNjb3BlGAMgASgJEg0KBWdyb3VwGAQgASgJEhAKCHBsYXRmb3JtGAUgASgIIk4KEUNyZWF0ZUtleVJlc3BvbnNlEikKA2tleRgBIAEoCzIcLnBsYXRmb3JtLmlkZW50aXR5LnYxLkFwaUtleRIOCgZzZWNyZXQYAiABKAkiVQoPTGlzdEtleXNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISFgoOZXhwbGljaXRfZ3JvdXAYAiABKAgiTgoQTGlzdEtleXNSZXNwb25zZRIrCgVpdGVtcxgBIAMoCzIcLnBsYXRmb3JtLmlkZW50aXR5LnYxLkFwaUtleRINCgV0b3RhbBgCIAEoBSJKChBSZXZva2VLZXlSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISCgoCaWQYAiABKAkiEwoRUmV2b2tlS2V5UmVzcG9uc2UikAEKB1Nlc3Npb24SCgoCaWQYASABKAkSDAoEa2luZBgCIAEoCRISCgpjcmVhdGVkX2F0GAMgASgJEhQKDGxhc3RfdXNlZF9hdBgEIAEoCRIXCg9pZGxlX2V4cGlyZXNfYXQYBSABKAkSFwoPYWJzb2x1dGVfbWF4X2F0GAYgASgJEg8KB2N1cnJlbnQYByABKAgiQQoTTGlzdFNlc3Npb25zUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyIlMKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEiwKBWl0ZW1zGAEgAygLMh0ucGxhdGZvcm0uaWRlbnRpdHkudjEuU2Vzc2lvbhINCgV0b3RhbBgCIAEoBSJOChRSZXZva2VTZXNzaW9uUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEgoKAmlkGAIgASgJIhcKFVJldm9rZVNlc3Npb25SZXNwb25zZTLACAoPSWRlbnRpdHlTZXJ2aWNlElgKCVJlYWRpbmVzcxIkLnBsYXRmb3JtLmNvbW1vbi52MS5SZWFkaW5lc3NSZXF1ZXN0GiUucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1Jlc3BvbnNlEnEKEFZlcmlmeUNyZWRlbnRpYWwSLS5wbGF0Zm9ybS5pZGVudGl0eS52MS5WZXJpZnlDcmVkZW50aWFsUmVxdWVzdBouLnBsYXRmb3JtLmlkZW50aXR5LnYxLlZlcmlmeUNyZWRlbnRpYWxSZXNwb25zZRJxChBUb3VjaENyZWRlbnRpYWxzEi0ucGxhdGZvcm0uaWRlbnRpdHkudjEuVG91Y2hDcmVkZW50aWFsc1JlcXVlc3QaLi5wbGF0Zm9ybS5pZGVudGl0eS52MS5Ub3VjaENyZWRlbnRpYWxzUmVzcG9uc2USTgoIR2V0R3JvdXASJS5wbGF0Zm9ybS5pZGVudGl0eS52MS5HZXRHcm91cFJlcXVlc3QaGy5wbGF0Zm9ybS5pZGVudGl0eS52MS5Hcm91cBJUCgtDcmVhdGVHcm91cBIoLnBsYXRmb3JtLmlkZW50aXR5LnYxLkNyZWF0ZUdyb3VwUmVxdWVzdBobLnBsYXRmb3JtLmlkZW50aXR5LnYxLkdyb3VwEl8KCkxpc3RHcm91cHMSJy5wbGF0Zm9ybS5pZGVudGl0eS52MS5MaXN0R3JvdXBzUmVxdWVzdBooLnBsYXRmb3JtLmlkZW50aXR5LnYxLkxpc3RHcm91cHNSZXNwb25zZRJcCglDcmVhdGVLZXkSJi5wbGF0Zm9ybS5pZGVudGl0eS52MS5DcmVhdGVLZXlSZXF1ZXN0GicucGxhdGZvcm0uaWRlbnRpdHkudjEuQ3JlYXRlS2V5UmVzcG9uc2USWQoITGlzdEtleXMSJS5wbGF0Zm9ybS5pZGVudGl0eS52MS5MaXN0S2V5c1JlcXVlc3QaJi5wbGF0Zm9ybS5pZGVudGl0eS52MS5MaXN0S2V5c1Jlc3BvbnNlElwKCVJldm9rZUtleRImLnBsYXRmb3JtLmlkZW50aXR5LnYxLlJldm9rZUtleVJlcXVlc3QaJy5wbGF0Zm9ybS5pZGVudGl0eS52MS5SZXZva2VLZXlSZXNwb25zZRJlCgxMaXN0U2Vzc2lvbnMSKS5wbGF0Zm9ybS5pZGVudGl0eS52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GioucGxhdGZvcm0uaWRlbnRpdHkudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USaAoNUmV2b2tlU2Vzc2lvbhIqLnBsYXRmb3JtLmlkZW50aXR5LnYxLlJldm9rZVNlc3Npb25SZXF1ZXN0GisucGxhdGZvcm0uaWRlbnRpdHkudjEuUmV2b2tlU2Vzc2lvblJlc3BvbnNlYgZwcm90bzM", [file_platform_common_v1_common]);
+  fileDesc("CiNwbGF0Zm9ybS9pZGVudGl0eS92MS9pZGVudGl0eS5wcm90bxIUcGxhdGZvcm0uaWRlbnRpdHkudjEiLgoKTWVtYmVyc2hpcBISCgpncm91cF9zbHVnGAEgASgJEgwKBHJvbGUYAiABKAkieQoEVXNlchIKCgJpZBgBIAEoCRINCgVlbWFpbBgCIAEoCRIUCgxkaXNwbGF5X25hbWUYAyABKAkSFgoOcGxhdGZvcm1fYWRtaW4YBCABKAgSEAoIZGlzYWJsZWQYBSABKAgSFgoOcGVyc29uYWxfZ3JvdXAYBiABKAki6AEKCVByaW5jaXBhbBIMCgRraW5kGAEgASgJEgoKAmlkGAIgASgJEg0KBXNjb3BlGAMgASgJEhEKCWtleV9ncm91cBgEIAEoCRIQCghrZXlfa2luZBgFIAEoCRIoCgR1c2VyGAYgASgLMhoucGxhdGZvcm0uaWRlbnRpdHkudjEuVXNlchI1CgttZW1iZXJzaGlwcxgHIAMoCzIgLnBsYXRmb3JtLmlkZW50aXR5LnYxLk1lbWJlcnNoaXASFAoMc2Vzc2lvbl9raW5kGAggASgJEhYKDnZhbGlkX3VudGlsX21zGAkgASgDIi0KF1ZlcmlmeUNyZWRlbnRpYWxSZXF1ZXN0EhIKCmNyZWRlbnRpYWwYASABKAkiTgoYVmVyaWZ5Q3JlZGVudGlhbFJlc3BvbnNlEjIKCXByaW5jaXBhbBgBIAEoCzIfLnBsYXRmb3JtLmlkZW50aXR5LnYxLlByaW5jaXBhbCI9Cg1DcmVkZW50aWFsVXNlEgwKBGtpbmQYASABKAkSCgoCaWQYAiABKAkSEgoKdXNlZF9hdF9tcxgDIAEoAyJMChdUb3VjaENyZWRlbnRpYWxzUmVxdWVzdBIxCgR1c2VzGAEgAygLMiMucGxhdGZvcm0uaWRlbnRpdHkudjEuQ3JlZGVudGlhbFVzZSIrChhUb3VjaENyZWRlbnRpYWxzUmVzcG9uc2USDwoHdG91Y2hlZBgBIAEoBSI/CgVHcm91cBIMCgRzbHVnGAEgASgJEhQKDGRpc3BsYXlfbmFtZRgCIAEoCRISCgpjcmVhdGVkX2F0GAMgASgJIksKD0dldEdyb3VwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEgwKBHNsdWcYAiABKAkiZAoSQ3JlYXRlR3JvdXBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISDAoEc2x1ZxgCIAEoCRIUCgxkaXNwbGF5X25hbWUYAyABKAkiPwoRTGlzdEdyb3Vwc1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlciJPChJMaXN0R3JvdXBzUmVzcG9uc2USKgoFaXRlbXMYASADKAsyGy5wbGF0Zm9ybS5pZGVudGl0eS52MS5Hcm91cBINCgV0b3RhbBgCIAEoBSKeAQoSVXBkYXRlR3JvdXBSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISDAoEc2x1ZxgCIAEoCRIVCghuZXdfc2x1ZxgDIAEoCUgAiAEBEhkKDGRpc3BsYXlfbmFtZRgEIAEoCUgBiAEBQgsKCV9uZXdfc2x1Z0IPCg1fZGlzcGxheV9uYW1lIk4KEkRlbGV0ZUdyb3VwUmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEgwKBHNsdWcYAiABKAkiFQoTRGVsZXRlR3JvdXBSZXNwb25zZSJ5CgpHcm91cExlYXNlEgoKAmlkGAEgASgJEhAKCGdyb3VwX2lkGAIgASgJEhIKCmdyb3VwX3NsdWcYAyABKAkSFAoMZm9ybWVyX3NsdWdzGAQgAygJEgwKBG1vZGUYBSABKAkSFQoNZXhwaXJlc19hdF9tcxgGIAEoAyJtChhBY3F1aXJlR3JvdXBMZWFzZVJlcXVlc3QSEgoKZ3JvdXBfc2x1ZxgBIAEoCRIMCgRtb2RlGAIgASgJEg4KBmhvbGRlchgDIAEoCRIOCgZ0dGxfbXMYBCABKAUSDwoHd2FpdF9tcxgFIAEoBSJbChhDb25maXJtR3JvdXBMZWFzZVJlcXVlc3QSLwoFbGVhc2UYASABKAsyIC5wbGF0Zm9ybS5pZGVudGl0eS52MS5Hcm91cExlYXNlEg4KBnR0bF9tcxgCIAEoBSKAAQoRR3JvdXBMZWFzZU91dGNvbWUSDwoHb3V0Y29tZRgBIAEoCRIvCgVsZWFzZRgCIAEoCzIgLnBsYXRmb3JtLmlkZW50aXR5LnYxLkdyb3VwTGVhc2USFQoNcmV0cnlfYWZ0ZXJfcxgDIAEoBRISCgpncm91cF9zbHVnGAQgASgJIiwKGFJlbGVhc2VHcm91cExlYXNlUmVxdWVzdBIQCghsZWFzZV9pZBgBIAEoCSIbChlSZWxlYXNlR3JvdXBMZWFzZVJlc3BvbnNlIqEBCgZBcGlLZXkSCgoCaWQYASABKAkSDgoGcHJlZml4GAIgASgJEgwKBG5hbWUYAyABKAkSDQoFc2NvcGUYBCABKAkSEgoKZ3JvdXBfc2x1ZxgFIAEoCRISCgpjcmVhdGVkX2F0GAYgASgJEhQKDGxhc3RfdXNlZF9hdBgHIAEoCRISCgpyZXZva2VkX2F0GAggASgJEgwKBGtpbmQYCSABKAkifAoQQ3JlYXRlS2V5UmVxdWVzdBIqCgZjYWxsZXIYASABKAsyGi5wbGF0Zm9ybS5jb21tb24udjEuQ2FsbGVyEgwKBG5hbWUYAiABKAkSDQoFc2NvcGUYAyABKAkSDQoFZ3JvdXAYBCABKAkSEAoIcGxhdGZvcm0YBSABKAgiTgoRQ3JlYXRlS2V5UmVzcG9uc2USKQoDa2V5GAEgASgLMhwucGxhdGZvcm0uaWRlbnRpdHkudjEuQXBpS2V5Eg4KBnNlY3JldBgCIAEoCSJVCg9MaXN0S2V5c1JlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIWCg5leHBsaWNpdF9ncm91cBgCIAEoCCJOChBMaXN0S2V5c1Jlc3BvbnNlEisKBWl0ZW1zGAEgAygLMhwucGxhdGZvcm0uaWRlbnRpdHkudjEuQXBpS2V5Eg0KBXRvdGFsGAIgASgFIkoKEFJldm9rZUtleVJlcXVlc3QSKgoGY2FsbGVyGAEgASgLMhoucGxhdGZvcm0uY29tbW9uLnYxLkNhbGxlchIKCgJpZBgCIAEoCSITChFSZXZva2VLZXlSZXNwb25zZSKQAQoHU2Vzc2lvbhIKCgJpZBgBIAEoCRIMCgRraW5kGAIgASgJEhIKCmNyZWF0ZWRfYXQYAyABKAkSFAoMbGFzdF91c2VkX2F0GAQgASgJEhcKD2lkbGVfZXhwaXJlc19hdBgFIAEoCRIXCg9hYnNvbHV0ZV9tYXhfYXQYBiABKAkSDwoHY3VycmVudBgHIAEoCCJBChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXIiUwoUTGlzdFNlc3Npb25zUmVzcG9uc2USLAoFaXRlbXMYASADKAsyHS5wbGF0Zm9ybS5pZGVudGl0eS52MS5TZXNzaW9uEg0KBXRvdGFsGAIgASgFIk4KFFJldm9rZVNlc3Npb25SZXF1ZXN0EioKBmNhbGxlchgBIAEoCzIaLnBsYXRmb3JtLmNvbW1vbi52MS5DYWxsZXISCgoCaWQYAiABKAkiFwoVUmV2b2tlU2Vzc2lvblJlc3BvbnNlMswMCg9JZGVudGl0eVNlcnZpY2USWAoJUmVhZGluZXNzEiQucGxhdGZvcm0uY29tbW9uLnYxLlJlYWRpbmVzc1JlcXVlc3QaJS5wbGF0Zm9ybS5jb21tb24udjEuUmVhZGluZXNzUmVzcG9uc2UScQoQVmVyaWZ5Q3JlZGVudGlhbBItLnBsYXRmb3JtLmlkZW50aXR5LnYxLlZlcmlmeUNyZWRlbnRpYWxSZXF1ZXN0Gi4ucGxhdGZvcm0uaWRlbnRpdHkudjEuVmVyaWZ5Q3JlZGVudGlhbFJlc3BvbnNlEnEKEFRvdWNoQ3JlZGVudGlhbHMSLS5wbGF0Zm9ybS5pZGVudGl0eS52MS5Ub3VjaENyZWRlbnRpYWxzUmVxdWVzdBouLnBsYXRmb3JtLmlkZW50aXR5LnYxLlRvdWNoQ3JlZGVudGlhbHNSZXNwb25zZRJOCghHZXRHcm91cBIlLnBsYXRmb3JtLmlkZW50aXR5LnYxLkdldEdyb3VwUmVxdWVzdBobLnBsYXRmb3JtLmlkZW50aXR5LnYxLkdyb3VwElQKC0NyZWF0ZUdyb3VwEigucGxhdGZvcm0uaWRlbnRpdHkudjEuQ3JlYXRlR3JvdXBSZXF1ZXN0GhsucGxhdGZvcm0uaWRlbnRpdHkudjEuR3JvdXASXwoKTGlzdEdyb3VwcxInLnBsYXRmb3JtLmlkZW50aXR5LnYxLkxpc3RHcm91cHNSZXF1ZXN0GigucGxhdGZvcm0uaWRlbnRpdHkudjEuTGlzdEdyb3Vwc1Jlc3BvbnNlElQKC1VwZGF0ZUdyb3VwEigucGxhdGZvcm0uaWRlbnRpdHkudjEuVXBkYXRlR3JvdXBSZXF1ZXN0GhsucGxhdGZvcm0uaWRlbnRpdHkudjEuR3JvdXASYgoLRGVsZXRlR3JvdXASKC5wbGF0Zm9ybS5pZGVudGl0eS52MS5EZWxldGVHcm91cFJlcXVlc3QaKS5wbGF0Zm9ybS5pZGVudGl0eS52MS5EZWxldGVHcm91cFJlc3BvbnNlEmwKEUFjcXVpcmVHcm91cExlYXNlEi4ucGxhdGZvcm0uaWRlbnRpdHkudjEuQWNxdWlyZUdyb3VwTGVhc2VSZXF1ZXN0GicucGxhdGZvcm0uaWRlbnRpdHkudjEuR3JvdXBMZWFzZU91dGNvbWUSbAoRQ29uZmlybUdyb3VwTGVhc2USLi5wbGF0Zm9ybS5pZGVudGl0eS52MS5Db25maXJtR3JvdXBMZWFzZVJlcXVlc3QaJy5wbGF0Zm9ybS5pZGVudGl0eS52MS5Hcm91cExlYXNlT3V0Y29tZRJ0ChFSZWxlYXNlR3JvdXBMZWFzZRIuLnBsYXRmb3JtLmlkZW50aXR5LnYxLlJlbGVhc2VHcm91cExlYXNlUmVxdWVzdBovLnBsYXRmb3JtLmlkZW50aXR5LnYxLlJlbGVhc2VHcm91cExlYXNlUmVzcG9uc2USXAoJQ3JlYXRlS2V5EiYucGxhdGZvcm0uaWRlbnRpdHkudjEuQ3JlYXRlS2V5UmVxdWVzdBonLnBsYXRmb3JtLmlkZW50aXR5LnYxLkNyZWF0ZUtleVJlc3BvbnNlElkKCExpc3RLZXlzEiUucGxhdGZvcm0uaWRlbnRpdHkudjEuTGlzdEtleXNSZXF1ZXN0GiYucGxhdGZvcm0uaWRlbnRpdHkudjEuTGlzdEtleXNSZXNwb25zZRJcCglSZXZva2VLZXkSJi5wbGF0Zm9ybS5pZGVudGl0eS52MS5SZXZva2VLZXlSZXF1ZXN0GicucGxhdGZvcm0uaWRlbnRpdHkudjEuUmV2b2tlS2V5UmVzcG9uc2USZQoMTGlzdFNlc3Npb25zEikucGxhdGZvcm0uaWRlbnRpdHkudjEuTGlzdFNlc3Npb25zUmVxdWVzdBoqLnBsYXRmb3JtLmlkZW50aXR5LnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlEmgKDVJldm9rZVNlc3Npb24SKi5wbGF0Zm9ybS5pZGVudGl0eS52MS5SZXZva2VTZXNzaW9uUmVxdWVzdBorLnBsYXRmb3JtLmlkZW50aXR5LnYxLlJldm9rZVNlc3Npb25SZXNwb25zZWIGcHJvdG8z", [file_platform_common_v1_common]);
 
 /**
  * @generated from message platform.identity.v1.Membership
@@ -368,6 +368,266 @@ export const ListGroupsResponseSchema: GenMessage<ListGroupsResponse> = /*@__PUR
   messageDesc(file_platform_identity_v1_identity, 12);
 
 /**
+ * @generated from message platform.identity.v1.UpdateGroupRequest
+ */
+export type UpdateGroupRequest = Message<"platform.identity.v1.UpdateGroupRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string slug = 2;
+   */
+  slug: string;
+
+  /**
+   * The group's new slug; unset keeps it.
+   *
+   * @generated from field: optional string new_slug = 3;
+   */
+  newSlug?: string | undefined;
+
+  /**
+   * Unset keeps it.
+   *
+   * @generated from field: optional string display_name = 4;
+   */
+  displayName?: string | undefined;
+};
+
+/**
+ * Describes the message platform.identity.v1.UpdateGroupRequest.
+ * Use `create(UpdateGroupRequestSchema)` to create a new message.
+ */
+export const UpdateGroupRequestSchema: GenMessage<UpdateGroupRequest> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 13);
+
+/**
+ * @generated from message platform.identity.v1.DeleteGroupRequest
+ */
+export type DeleteGroupRequest = Message<"platform.identity.v1.DeleteGroupRequest"> & {
+  /**
+   * @generated from field: platform.common.v1.Caller caller = 1;
+   */
+  caller?: Caller | undefined;
+
+  /**
+   * @generated from field: string slug = 2;
+   */
+  slug: string;
+};
+
+/**
+ * Describes the message platform.identity.v1.DeleteGroupRequest.
+ * Use `create(DeleteGroupRequestSchema)` to create a new message.
+ */
+export const DeleteGroupRequestSchema: GenMessage<DeleteGroupRequest> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 14);
+
+/**
+ * @generated from message platform.identity.v1.DeleteGroupResponse
+ */
+export type DeleteGroupResponse = Message<"platform.identity.v1.DeleteGroupResponse"> & {
+};
+
+/**
+ * Describes the message platform.identity.v1.DeleteGroupResponse.
+ * Use `create(DeleteGroupResponseSchema)` to create a new message.
+ */
+export const DeleteGroupResponseSchema: GenMessage<DeleteGroupResponse> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 15);
+
+/**
+ * @generated from message platform.identity.v1.GroupLease
+ */
+export type GroupLease = Message<"platform.identity.v1.GroupLease"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * The group's stable id: a rename keeps it.
+   *
+   * @generated from field: string group_id = 2;
+   */
+  groupId: string;
+
+  /**
+   * The group's slug when the lease was granted or last confirmed.
+   *
+   * @generated from field: string group_slug = 3;
+   */
+  groupSlug: string;
+
+  /**
+   * Slugs the group was renamed away from. They stay reserved to it, so rows another service
+   * still keeps under one of them belong to this group.
+   *
+   * @generated from field: repeated string former_slugs = 4;
+   */
+  formerSlugs: string[];
+
+  /**
+   * "shared" or "exclusive".
+   *
+   * @generated from field: string mode = 5;
+   */
+  mode: string;
+
+  /**
+   * @generated from field: int64 expires_at_ms = 6;
+   */
+  expiresAtMs: bigint;
+};
+
+/**
+ * Describes the message platform.identity.v1.GroupLease.
+ * Use `create(GroupLeaseSchema)` to create a new message.
+ */
+export const GroupLeaseSchema: GenMessage<GroupLease> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 16);
+
+/**
+ * @generated from message platform.identity.v1.AcquireGroupLeaseRequest
+ */
+export type AcquireGroupLeaseRequest = Message<"platform.identity.v1.AcquireGroupLeaseRequest"> & {
+  /**
+   * @generated from field: string group_slug = 1;
+   */
+  groupSlug: string;
+
+  /**
+   * "shared" or "exclusive".
+   *
+   * @generated from field: string mode = 2;
+   */
+  mode: string;
+
+  /**
+   * Who takes it, as the lease table shows it (e.g. "apps-builds registration api_key:<id>").
+   *
+   * @generated from field: string holder = 3;
+   */
+  holder: string;
+
+  /**
+   * How long the lease lives unless confirmed or released (1 ms to 60 s).
+   *
+   * @generated from field: int32 ttl_ms = 4;
+   */
+  ttlMs: number;
+
+  /**
+   * How long to wait while a conflicting lease is held (0 to 10 s).
+   *
+   * @generated from field: int32 wait_ms = 5;
+   */
+  waitMs: number;
+};
+
+/**
+ * Describes the message platform.identity.v1.AcquireGroupLeaseRequest.
+ * Use `create(AcquireGroupLeaseRequestSchema)` to create a new message.
+ */
+export const AcquireGroupLeaseRequestSchema: GenMessage<AcquireGroupLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 17);
+
+/**
+ * @generated from message platform.identity.v1.ConfirmGroupLeaseRequest
+ */
+export type ConfirmGroupLeaseRequest = Message<"platform.identity.v1.ConfirmGroupLeaseRequest"> & {
+  /**
+   * @generated from field: platform.identity.v1.GroupLease lease = 1;
+   */
+  lease?: GroupLease | undefined;
+
+  /**
+   * @generated from field: int32 ttl_ms = 2;
+   */
+  ttlMs: number;
+};
+
+/**
+ * Describes the message platform.identity.v1.ConfirmGroupLeaseRequest.
+ * Use `create(ConfirmGroupLeaseRequestSchema)` to create a new message.
+ */
+export const ConfirmGroupLeaseRequestSchema: GenMessage<ConfirmGroupLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 18);
+
+/**
+ * @generated from message platform.identity.v1.GroupLeaseOutcome
+ */
+export type GroupLeaseOutcome = Message<"platform.identity.v1.GroupLeaseOutcome"> & {
+  /**
+   * "granted" (acquire), "held" (confirm), "busy", "renamed", "deleted" (the group went while
+   * the caller waited for it or held its lease) or "not_found" (no group has the slug).
+   *
+   * @generated from field: string outcome = 1;
+   */
+  outcome: string;
+
+  /**
+   * granted and held.
+   *
+   * @generated from field: platform.identity.v1.GroupLease lease = 2;
+   */
+  lease?: GroupLease | undefined;
+
+  /**
+   * busy: seconds until the blocking leases expire at the latest.
+   *
+   * @generated from field: int32 retry_after_s = 3;
+   */
+  retryAfterS: number;
+
+  /**
+   * renamed: the group's current slug.
+   *
+   * @generated from field: string group_slug = 4;
+   */
+  groupSlug: string;
+};
+
+/**
+ * Describes the message platform.identity.v1.GroupLeaseOutcome.
+ * Use `create(GroupLeaseOutcomeSchema)` to create a new message.
+ */
+export const GroupLeaseOutcomeSchema: GenMessage<GroupLeaseOutcome> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 19);
+
+/**
+ * @generated from message platform.identity.v1.ReleaseGroupLeaseRequest
+ */
+export type ReleaseGroupLeaseRequest = Message<"platform.identity.v1.ReleaseGroupLeaseRequest"> & {
+  /**
+   * @generated from field: string lease_id = 1;
+   */
+  leaseId: string;
+};
+
+/**
+ * Describes the message platform.identity.v1.ReleaseGroupLeaseRequest.
+ * Use `create(ReleaseGroupLeaseRequestSchema)` to create a new message.
+ */
+export const ReleaseGroupLeaseRequestSchema: GenMessage<ReleaseGroupLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 20);
+
+/**
+ * @generated from message platform.identity.v1.ReleaseGroupLeaseResponse
+ */
+export type ReleaseGroupLeaseResponse = Message<"platform.identity.v1.ReleaseGroupLeaseResponse"> & {
+};
+
+/**
+ * Describes the message platform.identity.v1.ReleaseGroupLeaseResponse.
+ * Use `create(ReleaseGroupLeaseResponseSchema)` to create a new message.
+ */
+export const ReleaseGroupLeaseResponseSchema: GenMessage<ReleaseGroupLeaseResponse> = /*@__PURE__*/
+  messageDesc(file_platform_identity_v1_identity, 21);
+
+/**
  * @generated from message platform.identity.v1.ApiKey
  */
 export type ApiKey = Message<"platform.identity.v1.ApiKey"> & {
@@ -422,7 +682,7 @@ export type ApiKey = Message<"platform.identity.v1.ApiKey"> & {
  * Use `create(ApiKeySchema)` to create a new message.
  */
 export const ApiKeySchema: GenMessage<ApiKey> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 13);
+  messageDesc(file_platform_identity_v1_identity, 22);
 
 /**
  * @generated from message platform.identity.v1.CreateKeyRequest
@@ -463,7 +723,7 @@ export type CreateKeyRequest = Message<"platform.identity.v1.CreateKeyRequest"> 
  * Use `create(CreateKeyRequestSchema)` to create a new message.
  */
 export const CreateKeyRequestSchema: GenMessage<CreateKeyRequest> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 14);
+  messageDesc(file_platform_identity_v1_identity, 23);
 
 /**
  * @generated from message platform.identity.v1.CreateKeyResponse
@@ -487,7 +747,7 @@ export type CreateKeyResponse = Message<"platform.identity.v1.CreateKeyResponse"
  * Use `create(CreateKeyResponseSchema)` to create a new message.
  */
 export const CreateKeyResponseSchema: GenMessage<CreateKeyResponse> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 15);
+  messageDesc(file_platform_identity_v1_identity, 24);
 
 /**
  * @generated from message platform.identity.v1.ListKeysRequest
@@ -511,7 +771,7 @@ export type ListKeysRequest = Message<"platform.identity.v1.ListKeysRequest"> & 
  * Use `create(ListKeysRequestSchema)` to create a new message.
  */
 export const ListKeysRequestSchema: GenMessage<ListKeysRequest> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 16);
+  messageDesc(file_platform_identity_v1_identity, 25);
 
 /**
  * @generated from message platform.identity.v1.ListKeysResponse
@@ -533,7 +793,7 @@ export type ListKeysResponse = Message<"platform.identity.v1.ListKeysResponse"> 
  * Use `create(ListKeysResponseSchema)` to create a new message.
  */
 export const ListKeysResponseSchema: GenMessage<ListKeysResponse> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 17);
+  messageDesc(file_platform_identity_v1_identity, 26);
 
 /**
  * @generated from message platform.identity.v1.RevokeKeyRequest
@@ -555,7 +815,7 @@ export type RevokeKeyRequest = Message<"platform.identity.v1.RevokeKeyRequest"> 
  * Use `create(RevokeKeyRequestSchema)` to create a new message.
  */
 export const RevokeKeyRequestSchema: GenMessage<RevokeKeyRequest> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 18);
+  messageDesc(file_platform_identity_v1_identity, 27);
 
 /**
  * @generated from message platform.identity.v1.RevokeKeyResponse
@@ -568,7 +828,7 @@ export type RevokeKeyResponse = Message<"platform.identity.v1.RevokeKeyResponse"
  * Use `create(RevokeKeyResponseSchema)` to create a new message.
  */
 export const RevokeKeyResponseSchema: GenMessage<RevokeKeyResponse> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 19);
+  messageDesc(file_platform_identity_v1_identity, 28);
 
 /**
  * @generated from message platform.identity.v1.Session
@@ -615,7 +875,7 @@ export type Session = Message<"platform.identity.v1.Session"> & {
  * Use `create(SessionSchema)` to create a new message.
  */
 export const SessionSchema: GenMessage<Session> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 20);
+  messageDesc(file_platform_identity_v1_identity, 29);
 
 /**
  * @generated from message platform.identity.v1.ListSessionsRequest
@@ -632,7 +892,7 @@ export type ListSessionsRequest = Message<"platform.identity.v1.ListSessionsRequ
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 21);
+  messageDesc(file_platform_identity_v1_identity, 30);
 
 /**
  * @generated from message platform.identity.v1.ListSessionsResponse
@@ -654,7 +914,7 @@ export type ListSessionsResponse = Message<"platform.identity.v1.ListSessionsRes
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 22);
+  messageDesc(file_platform_identity_v1_identity, 31);
 
 /**
  * @generated from message platform.identity.v1.RevokeSessionRequest
@@ -676,7 +936,7 @@ export type RevokeSessionRequest = Message<"platform.identity.v1.RevokeSessionRe
  * Use `create(RevokeSessionRequestSchema)` to create a new message.
  */
 export const RevokeSessionRequestSchema: GenMessage<RevokeSessionRequest> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 23);
+  messageDesc(file_platform_identity_v1_identity, 32);
 
 /**
  * @generated from message platform.identity.v1.RevokeSessionResponse
@@ -689,7 +949,7 @@ export type RevokeSessionResponse = Message<"platform.identity.v1.RevokeSessionR
  * Use `create(RevokeSessionResponseSchema)` to create a new message.
  */
 export const RevokeSessionResponseSchema: GenMessage<RevokeSessionResponse> = /*@__PURE__*/
-  messageDesc(file_platform_identity_v1_identity, 24);
+  messageDesc(file_platform_identity_v1_identity, 33);
 
 /**
  * IdentityService owns users, groups, memberships, API keys, sessions and the audit log.
@@ -749,6 +1009,58 @@ export const IdentityService: GenService<{
     methodKind: "unary";
     input: typeof ListGroupsRequestSchema;
     output: typeof ListGroupsResponseSchema;
+  },
+  /**
+   * Renames a group or changes its display name (platform operators). A rename takes the group
+   * lock exclusively and is announced as group_renamed.
+   *
+   * @generated from rpc platform.identity.v1.IdentityService.UpdateGroup
+   */
+  updateGroup: {
+    methodKind: "unary";
+    input: typeof UpdateGroupRequestSchema;
+    output: typeof GroupSchema;
+  },
+  /**
+   * Deletes a group that owns no apps (platform operators); never a user's personal group.
+   *
+   * @generated from rpc platform.identity.v1.IdentityService.DeleteGroup
+   */
+  deleteGroup: {
+    methodKind: "unary";
+    input: typeof DeleteGroupRequestSchema;
+    output: typeof DeleteGroupResponseSchema;
+  },
+  /**
+   * The group lock (spec doc 1 section 4.4): a lease on a group, shared (registrations) or
+   * exclusive (rename, delete), that expires so a crashed holder never wedges the group.
+   * Service to service: no caller.
+   *
+   * @generated from rpc platform.identity.v1.IdentityService.AcquireGroupLease
+   */
+  acquireGroupLease: {
+    methodKind: "unary";
+    input: typeof AcquireGroupLeaseRequestSchema;
+    output: typeof GroupLeaseOutcomeSchema;
+  },
+  /**
+   * Before a holder commits the write the lease covers: is the lease still held, and the group
+   * still there under the same slug? Extends the lease when it is.
+   *
+   * @generated from rpc platform.identity.v1.IdentityService.ConfirmGroupLease
+   */
+  confirmGroupLease: {
+    methodKind: "unary";
+    input: typeof ConfirmGroupLeaseRequestSchema;
+    output: typeof GroupLeaseOutcomeSchema;
+  },
+  /**
+   * @generated from rpc platform.identity.v1.IdentityService.ReleaseGroupLease
+   */
+  releaseGroupLease: {
+    methodKind: "unary";
+    input: typeof ReleaseGroupLeaseRequestSchema;
+    output: typeof ReleaseGroupLeaseResponseSchema;
   },
   /**
    * @generated from rpc platform.identity.v1.IdentityService.CreateKey
