@@ -14,6 +14,7 @@ import path from "node:path";
 import { randomBytes } from "node:crypto";
 import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import pg from "pg";
+import { platformErrorOf } from "@platform/rpc";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
@@ -288,4 +289,20 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
       return stopped;
     },
   };
+}
+
+/**
+ * What an RPC call was refused with: its status and `{detail}` as the gateway would answer them.
+ * Fails the test when the call succeeds or fails with anything but a platform error.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export async function refusal(call: Promise<unknown>): Promise<{ status: number; detail: any }> {
+  try {
+    await call;
+  } catch (err) {
+    const e = platformErrorOf(err);
+    if (e) return { status: e.status, detail: e.detail };
+    throw err;
+  }
+  throw new Error("expected a refusal");
 }

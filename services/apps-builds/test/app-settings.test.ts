@@ -8,13 +8,13 @@ import Fastify, { type FastifyInstance } from "fastify";
 import { fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { appsBuildsEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
 import { parseAppConfigYaml } from "@platform/app-config";
-import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
@@ -40,16 +40,6 @@ const reconciles: EventEnvelope[] = [];
 const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
 const globex: Caller = makeCaller({ kind: "api_key", principalId: "k-globex", scope: "deploy", visibleGroups: ["globex"], selectedGroup: "globex" });
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    const e = platformErrorOf(err);
-    if (e) return { status: e.status, detail: e.detail as any };
-    throw err;
-  }
-  throw new Error("expected a refusal");
-}
 
 const json = (value: unknown) => fromJson(ValueSchema, value as JsonValue);
 

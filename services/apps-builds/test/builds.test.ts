@@ -7,12 +7,12 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pg from "pg";
 import { appsBuildsEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
-import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { routerSettings } from "../src/rpc.ts";
@@ -33,16 +33,6 @@ const requested: EventEnvelope[] = [];
 
 const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    const e = platformErrorOf(err);
-    if (e) return { status: e.status, detail: e.detail as any };
-    throw err;
-  }
-  throw new Error("expected a refusal");
-}
 
 const trigger = (overrides: { appName?: string; repository?: string; skipPreflight?: boolean; autoDeploy?: boolean } = {}) =>
   client.triggerBuild({ caller: acme, appName: "shop", repository: REPOSITORY, branch: "main", autoDeploy: false, configPath: "", skipPreflight: false, ...overrides });

@@ -9,11 +9,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pg from "pg";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { appsBuildsEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, GroupLeaseOutcomeSchema } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { PlatformError } from "@platform/errors";
-import { createTestDatabase, deleteBusStreams, dropDatabase, freePort, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, freePort, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { App, Build } from "../src/entities/index.ts";
@@ -74,16 +74,6 @@ let db: pg.Client;
 const member = (group: string): Caller => makeCaller({ kind: "api_key", principalId: `k-${group}`, scope: "deploy", visibleGroups: [group], selectedGroup: group });
 const repo = (name: string) => `https://example.com/${name}.git`;
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    const e = platformErrorOf(err);
-    if (e) return { status: e.status, detail: e.detail as any };
-    throw err;
-  }
-  throw new Error("expected a refusal");
-}
 
 const appsNamed = (appName: string) => service.ctx.read((em) => em.find(App, { appName: { $like: `${appName}%` } }));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

@@ -9,7 +9,7 @@ import { appsBuildsEnv, loadConfig } from "@platform/config";
 import { createServiceClient, platformErrorOf } from "@platform/rpc";
 import { AppsBuildsService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
-import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { App } from "../src/entities/index.ts";
@@ -30,16 +30,6 @@ let client: ReturnType<typeof createServiceClient<typeof AppsBuildsService>>;
 const acme = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
 const globex = makeCaller({ kind: "api_key", principalId: "k-globex", scope: "deploy", visibleGroups: ["globex"], selectedGroup: "globex" });
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    const e = platformErrorOf(err);
-    if (!e) throw err;
-    return e;
-  }
-  throw new Error("expected a refusal");
-}
 
 const codeOf = (e: { detail: unknown }) => (typeof e.detail === "object" && e.detail ? (e.detail as { code: string }).code : undefined);
 
@@ -108,7 +98,7 @@ describe("GET variables", () => {
     await register("mastered", "master");
     const e = await refusal(client.getVariables({ caller: acme, appName: "mastered" }));
     expect(e.status).toBe(404);
-    expect(e.message).toContain("'main'");
+    expect(e.detail).toContain("'main'");
   });
 });
 
@@ -209,7 +199,7 @@ describe("PUT variables", () => {
     expect(Object.keys((await put("crowded", "main", many)).variables)).toHaveLength(499);
     const e = await refusal(put("crowded", "main", { EXTRA_1: "v", EXTRA_2: "v" }));
     expect(e.status).toBe(422);
-    expect(e.message).toContain("500");
+    expect(e.detail).toContain("500");
     // Changing existing keys never counts as new ones.
     expect(Object.keys((await put("crowded", "main", { K0: "changed", EXTRA_1: "v" })).variables)).toHaveLength(500);
     expect((await refusal(put("crowded", "main", { ONE_MORE: "v" }))).status).toBe(422);

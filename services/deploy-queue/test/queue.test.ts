@@ -7,13 +7,13 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { deployQueueEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { DeployQueueService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
-import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { Action, Agent, HistoryRecord } from "../src/entities/index.ts";
@@ -40,14 +40,6 @@ const acmeAdmin = caller("acme", "admin");
 const globex = caller("globex");
 const globexAdmin = caller("globex", "admin");
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    return platformErrorOf(err);
-  }
-  throw new Error("expected a refusal");
-}
 
 let counter = 0;
 function buildRequest(overrides: Partial<BuildRequested> = {}): BuildRequested {

@@ -9,13 +9,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pg from "pg";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
 import { loadConfig, serviceEnv } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { HealthAggregatorService, type QueryLogsRequest } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { connectBus, subjects, type Bus } from "@platform/bus";
 import { createLogger } from "@platform/logger";
 import { LogShipper, type LogLineInput } from "@platform/logship";
-import { createTestDatabase, deleteBusStreams, dropDatabase, freePort, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, freePort, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { QueryLogsRequestSchema } from "@platform/proto";
 import { build, type HealthAggregator } from "../src/app.ts";
@@ -104,14 +104,6 @@ function query(caller: Caller, q: Query = {}) {
   return client.queryLogs({ caller, ...q } as QueryLogsRequest);
 }
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    return platformErrorOf(err);
-  }
-  throw new Error("expected a refusal");
-}
 
 const ago = (ms: number) => new Date(Date.now() - ms).toISOString();
 const MIN = 60_000;

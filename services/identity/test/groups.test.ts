@@ -6,12 +6,12 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { appsBuildsEnv, identityEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, IdentityService } from "@platform/proto";
 import { makeCaller } from "@platform/caller";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
-import { createTestDatabase, deleteBusStreams, dropDatabase, freePorts, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, freePorts, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { build as buildAppsBuilds } from "../../apps-builds/src/app.ts";
@@ -32,16 +32,6 @@ const events: Array<{ subject: string; event: EventEnvelope }> = [];
 const root = makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, platformRoot: true });
 const tenant = (group: string) => makeCaller({ kind: "api_key", principalId: `k-${group}`, scope: "admin", visibleGroups: [group], selectedGroup: group });
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    const e = platformErrorOf(err);
-    if (e) return { status: e.status, detail: e.detail as any };
-    throw err;
-  }
-  throw new Error("expected a refusal");
-}
 
 const groupRow = (slug: string) => identity.ctx.read((em) => em.findOne(Group, { slug }));
 const eventsOf = (subject: string) => events.filter((e) => e.subject === subject).map((e) => e.event.data);

@@ -4,12 +4,12 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { identityEnv, loadConfig } from "@platform/config";
-import { createServiceClient, platformErrorOf } from "@platform/rpc";
+import { createServiceClient } from "@platform/rpc";
 import { IdentityService } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
-import { createTestDatabase, deleteBusStreams, dropDatabase, generateRootKey, testNatsUrl, uniquePrefix } from "@platform/testing";
+import { createTestDatabase, deleteBusStreams, dropDatabase, generateRootKey, refusal, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { ApiKey, AuditEntry, Session, User } from "../src/entities/index.ts";
@@ -40,14 +40,6 @@ function config(overrides: Record<string, string> = {}) {
   });
 }
 
-async function refusal(p: Promise<unknown>) {
-  try {
-    await p;
-  } catch (err) {
-    return platformErrorOf(err);
-  }
-  throw new Error("expected a refusal");
-}
 
 const root = () =>
   makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, platformRoot: true });
