@@ -52,9 +52,10 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
         configPath: req.configPath,
         skipPreflight: req.skipPreflight,
       };
-      const triggered =
-        (await triggerBuildOfRegisteredApp(await db, caller, input)) ?? (await triggerBuild({ lock: ctx.groupLock, transact: ctx.write }, caller, input, policy));
-      ctx.relay.kick();
+      let triggered = await triggerBuildOfRegisteredApp(await db, caller, input);
+      // Its statement committed outside ctx.write, which wakes the relay after the ORM path.
+      if (triggered) ctx.relay.kick();
+      else triggered = await triggerBuild({ lock: ctx.groupLock, transact: ctx.write }, caller, input, policy);
       return { tag: triggered.tag, actionId: triggered.buildId, buildId: triggered.buildId, status: "queued", registered: triggered.registered };
     },
 

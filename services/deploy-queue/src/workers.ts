@@ -65,9 +65,12 @@ function startIntake<T>(
     logger: ctx.logger,
     async handleBatch(msgs) {
       const wellFormed: JsMsg[] = [];
+      // Each event is parsed once; a message whose envelope has no id is terminated by handleBatchOnce.
+      const parsed = new Map<string, T>();
       for (const msg of msgs) {
         try {
-          opts.parse(msg.json<EventEnvelope>().data ?? {});
+          const envelope = msg.json<EventEnvelope>();
+          parsed.set(envelope.id, opts.parse(envelope.data ?? {}));
           wellFormed.push(msg);
         } catch (err) {
           ctx.logger.error({ err, subject: msg.subject }, "malformed event dropped");
@@ -79,7 +82,7 @@ function startIntake<T>(
         dispatched.length = 0;
         await opts.accept(
           em,
-          events.map((e) => opts.parse(e.data ?? {})),
+          events.map((e) => parsed.get(e.id)!),
           dispatched,
         );
       });
