@@ -385,12 +385,11 @@ describe("batch consumers", () => {
     const s = "events.test.batch_once";
     const handled: string[] = [];
     await batchConsumer("batch-once", s, async (msgs) => {
-      await handleBatchOnce(orm, "batch-once", msgs, async (em, events) => {
-        for (const e of events) {
-          handled.push(e.id);
-          enqueueEvent(em, "events.test.batch_once_followup", { about: e.id });
-        }
+      const done = await handleBatchOnce(orm, "batch-once", msgs, async (em, events) => {
+        for (const e of events) enqueueEvent(em, "events.test.batch_once_followup", { about: e.id });
       });
+      // Counted once their transaction (the follow-up events included) has committed.
+      handled.push(...done.map((e) => e.id));
     });
     const payload = (id: string) => JSON.stringify({ id, data: {} });
     await Promise.all([
@@ -412,10 +411,11 @@ describe("batch consumers", () => {
     const handled: string[] = [];
     let poisonAttempts = 0;
     await batchConsumer("batch-poison", s, async (msgs) => {
-      await handleBatchOnce(orm, "batch-poison", msgs, async (_em, events) => {
+      const done = await handleBatchOnce(orm, "batch-poison", msgs, async (_em, events) => {
         if (events.some((e) => e.id === "poison") && poisonAttempts++ < 2) throw new Error("cannot handle poison yet");
-        handled.push(...events.map((e) => e.id));
       });
+      // Counted once their transaction (ledger rows included) has committed.
+      handled.push(...done.map((e) => e.id));
     });
     await Promise.all(["p1", "poison", "p2"].map((id) => bus.js.publish(bus.subject(s), JSON.stringify({ id, data: {} }))));
     await expect.poll(() => [...handled].sort(), { timeout: 15_000, interval: 50 }).toEqual(["p1", "p2", "poison"]);
