@@ -1,12 +1,12 @@
 /**
  * Connect RPC for the fleet: one server shape (HTTP/2 cleartext and HTTP/1.1 on one port, with
- * /healthz and /readyz beside the RPC routes), one client shape (deadline by default), and one
- * mapping of errors in each direction.
+ * /healthz and /readyz beside the RPC routes), one client shape (unary calls over HTTP/2, a
+ * deadline by default), and one mapping of errors in each direction.
  */
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
-import type { DescService } from "@bufbuild/protobuf";
+import type { DescMethodUnary, DescService } from "@bufbuild/protobuf";
 import {
   Code,
   ConnectError,
@@ -15,10 +15,11 @@ import {
   type ConnectRouter,
   type Interceptor,
 } from "@connectrpc/connect";
-import { connectNodeAdapter, createConnectTransport } from "@connectrpc/connect-node";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { PlatformError, fromConnectError, toConnectError } from "@platform/errors";
 import type { Logger } from "@platform/logger";
 import { SpanKind, extractTraceContext, injectTraceContext, withSpan } from "@platform/telemetry";
+import { UnaryTransport } from "./unary-transport.ts";
 
 /** Server side: trace context in, PlatformError out as a Connect error, nothing internal leaked. */
 function serverInterceptor(logger: Logger): Interceptor {
@@ -42,18 +43,19 @@ function serverInterceptor(logger: Logger): Interceptor {
 }
 
 /**
- * Client side: trace context out. Errors stay ConnectErrors (Connect would re-wrap anything
- * else and lose the detail); `platformErrorOf` turns them back at the edge.
+ * Client side: a client span and trace context out. Errors stay ConnectErrors (Connect would
+ * re-wrap anything else and lose the detail); `platformErrorOf` turns them back at the edge.
  */
-const clientInterceptor: Interceptor = (next) => async (req) =>
-  withSpan(
-    `${req.service.typeName}/${req.method.name}`,
-    { kind: SpanKind.CLIENT, attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name } },
+function aroundClientCall<T>(method: DescMethodUnary, header: Headers, call: () => Promise<T>): Promise<T> {
+  return withSpan(
+    `${method.parent.typeName}/${method.name}`,
+    { kind: SpanKind.CLIENT, attributes: { "rpc.system": "connect_rpc", "rpc.service": method.parent.typeName, "rpc.method": method.name } },
     async () => {
-      injectTraceContext(req.header);
-      return next(req);
+      injectTraceContext(header);
+      return call();
     },
   );
+}
 
 /** The platform error behind anything an RPC client threw. */
 export function platformErrorOf(err: unknown): PlatformError | null {
@@ -155,12 +157,5 @@ export interface ClientOptions {
 }
 
 export function createServiceClient<S extends DescService>(service: S, baseUrl: string, options: ClientOptions = {}): Client<S> {
-  const transport = createConnectTransport({
-    baseUrl,
-    httpVersion: "2",
-    useBinaryFormat: true,
-    defaultTimeoutMs: options.timeoutMs ?? 5000,
-    interceptors: [clientInterceptor],
-  });
-  return createClient(service, transport);
+  return createClient(service, new UnaryTransport({ baseUrl, defaultTimeoutMs: options.timeoutMs ?? 5000, around: aroundClientCall }));
 }
