@@ -20,26 +20,28 @@ import { PlatformError, fromConnectError, toConnectError } from "@platform/error
 import type { Logger } from "@platform/logger";
 import { SpanKind, extractTraceContext, injectTraceContext, withSpan } from "@platform/telemetry";
 import { UnaryTransport } from "./unary-transport.ts";
+import { recordingRouter, serveUnary, unaryRouteOf, type UnaryRoute } from "./unary-handler.ts";
 
 /** Server side: trace context in, PlatformError out as a Connect error, nothing internal leaked. */
+function serveCall<T>(logger: Logger, service: DescService, method: { name: string }, header: Headers, call: () => Promise<T>): Promise<T> {
+  return withSpan(
+    `${service.typeName}/${method.name}`,
+    { kind: SpanKind.SERVER, parent: extractTraceContext(header), attributes: { "rpc.system": "connect_rpc", "rpc.service": service.typeName, "rpc.method": method.name } },
+    async () => {
+      try {
+        return await call();
+      } catch (err) {
+        if (err instanceof PlatformError) throw toConnectError(err);
+        if (err instanceof ConnectError) throw err;
+        logger.error({ err, rpc: method.name }, "unhandled error in RPC handler");
+        throw new ConnectError("Internal server error.", Code.Internal);
+      }
+    },
+  );
+}
+
 function serverInterceptor(logger: Logger): Interceptor {
-  return (next) => async (req) => {
-    const parent = extractTraceContext(req.header);
-    return withSpan(
-      `${req.service.typeName}/${req.method.name}`,
-      { kind: SpanKind.SERVER, parent, attributes: { "rpc.system": "connect_rpc", "rpc.service": req.service.typeName, "rpc.method": req.method.name } },
-      async () => {
-        try {
-          return await next(req);
-        } catch (err) {
-          if (err instanceof PlatformError) throw toConnectError(err);
-          if (err instanceof ConnectError) throw err;
-          logger.error({ err, rpc: req.method.name }, "unhandled error in RPC handler");
-          throw new ConnectError("Internal server error.", Code.Internal);
-        }
-      },
-    );
-  };
+  return (next) => (req) => serveCall(logger, req.service, req.method, req.header, () => next(req));
 }
 
 /**
@@ -90,8 +92,9 @@ const HTTP2_PREFACE = "PRI * HTTP/2.0";
  * HTTP/1.1 by itself, so the first bytes of each connection decide which server takes it.
  */
 export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer> {
+  const unaryRoutes = new Map<string, UnaryRoute>();
   const rpcHandler = connectNodeAdapter({
-    routes: opts.routes,
+    routes: (router) => opts.routes(recordingRouter(router, unaryRoutes)),
     interceptors: [serverInterceptor(opts.logger)],
     grpc: true,
     grpcWeb: false,
@@ -108,6 +111,11 @@ export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer>
         (facts) => respond(facts.ready ? 200 : 503, facts),
         (err: unknown) => respond(503, { ready: false, error: err instanceof Error ? err.message : String(err) }),
       );
+      return;
+    }
+    const unary = unaryRouteOf(req, unaryRoutes);
+    if (unary) {
+      void serveUnary(req, res, unary, (route, header, call) => serveCall(opts.logger, route.service, route.method, header, call));
       return;
     }
     rpcHandler(req as http.IncomingMessage, res as http.ServerResponse);

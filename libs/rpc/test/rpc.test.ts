@@ -6,7 +6,8 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type HandlerContext } from "@connectrpc/connect";
+import { connectNodeAdapter, createConnectTransport } from "@connectrpc/connect-node";
 import { HooksService, ReadinessResponseSchema, type ReadinessRequest } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
 import type { Logger } from "@platform/logger";
@@ -127,6 +128,26 @@ describe("the RPC server", () => {
     const viaH1 = await fetch(`${base}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
     expect(viaH1.status).toBe(200);
     expect(await viaH1.json()).toMatchObject({ service: "hooks", ready: true });
+  });
+
+  it("speaks the Connect protocol both ways with connect-node's own client and server", async () => {
+    // connect-node's client against this server's unary fast path, errors and their detail included.
+    const theirs = createClient(HooksService, createConnectTransport({ baseUrl: base, httpVersion: "2", useBinaryFormat: true }));
+    expect((await theirs.readiness({ deep: true })).tables).toBe(7);
+    const refused = await thrown(() => theirs.readiness({}, { headers: { "x-test-mode": "conflict" } }));
+    expect(platformErrorOf(refused)!.detail).toEqual({ code: "x", message: "m", holder: "deploy-7" });
+
+    // This client against a server that is connect-node's adapter alone.
+    const plain = http2.createServer(connectNodeAdapter({ routes: (router) => router.service(HooksService, { readiness: readinessHandler }) }));
+    await new Promise<void>((resolve) => plain.listen(0, "127.0.0.1", resolve));
+    try {
+      const ours = createServiceClient(HooksService, `http://127.0.0.1:${(plain.address() as net.AddressInfo).port}`);
+      expect((await ours.readiness({ deep: true })).tables).toBe(7);
+      const err = await thrown(() => ours.readiness({}, { headers: { "x-test-mode": "conflict" } }));
+      expect((err as ConnectError).code).toBe(Code.Internal);
+    } finally {
+      await new Promise<void>((resolve) => plain.close(() => resolve()));
+    }
   });
 
   it("answers /healthz and /readyz over plain HTTP/1.1 following the readiness callback", async () => {
