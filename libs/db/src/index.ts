@@ -12,6 +12,7 @@ import { OutboxEvent, ProcessedEvent, outboxMigration } from "./outbox.ts";
 
 export { MikroORM, Migration, type EntityManager, type MigrationObject };
 export { OutboxEvent, ProcessedEvent, enqueueEvent, outboxEvent, claimEvent, claimEvents, type OutboxRow } from "./outbox.ts";
+export { Coalescer, type CoalescerOptions, type Settled } from "./coalescing.ts";
 
 export interface DatabaseOptions {
   url: string;

@@ -141,6 +141,30 @@ describe("POST /api/builds", () => {
     expect(new Set(rows.map((r) => r.tag)).size).toBe(rows.length);
     for (const r of results) expect(rows.some((row) => row.id === r.buildId && row.tag === r.tag)).toBe(true);
   });
+  it("gives each build of a burst its own answer when builds of several apps share a statement", async () => {
+    await preflight("ready");
+    await client.registerApp({ caller: acme, appName: "cart", repository: "https://example.com/acme/cart.git" });
+    await db.query("update apps_builds.apps set preflight_status = 'ready' where app_name = 'cart'");
+    const cartBuild = await trigger({ appName: "cart", repository: "https://example.com/acme/cart.git" });
+    await trigger();
+    // What this process remembers of both apps is now stale: the statement finds each row changed,
+    // shop's in a way that still builds, cart's in one that refuses.
+    await db.query("update apps_builds.apps set display_name = 'Shop Burst' where app_name = 'shop'");
+    await db.query("update apps_builds.apps set preflight_status = 'pending' where app_name = 'cart'");
+    const burst = await Promise.all(
+      Array.from({ length: 30 }, (_, i) =>
+        i % 3 === 2 ? refusal(trigger({ appName: "cart", repository: "https://example.com/acme/cart.git" })) : trigger(),
+      ),
+    );
+    for (const [i, r] of burst.entries()) {
+      if (i % 3 === 2) expect(r).toMatchObject({ status: 409, detail: { code: "preflight_quarantined" } });
+      else expect(r).toMatchObject({ status: "queued" });
+    }
+    const ids = burst.filter((_, i) => i % 3 !== 2).map((r) => (r as { buildId: string }).buildId);
+    const rows = await db.query<{ display_name: string }>("select display_name from apps_builds.builds where id = any($1::uuid[])", [ids]);
+    expect(rows.rows.map((r) => r.display_name)).toEqual(ids.map(() => "Shop Burst"));
+    expect((await buildRows("cart")).map((b) => b.id)).toEqual([cartBuild.buildId]);
+  });
 });
 
 describe("the release of a claimed deploy", () => {

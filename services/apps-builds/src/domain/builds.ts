@@ -5,7 +5,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
-import { enqueueEvent, outboxEvent, type EntityManager, type SqlPool } from "@platform/db";
+import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
@@ -110,21 +110,87 @@ const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, br
   from apps where group_slug = $1 and branch = $2 and (app_name = $3 or base_name = $3) limit 1`;
 
 /**
- * The builds row and its outbox event in one statement: both are written, or neither, and only
- * while the apps row still holds the values they were made from and the build is admitted. The
- * apps row is held in share mode meanwhile, as in `triggerBuild`, for a rename's re-key.
+ * Builds rows and their outbox events in one statement, for any number of builds: each build's
+ * row and event are written, or neither, and only while its apps row still holds the values
+ * they were made from and the build is admitted. The apps rows are held in share mode
+ * meanwhile, as in `triggerBuild`, for a rename's re-key. What it returns is the ids of the
+ * builds written.
  */
-const INSERT_BUILD = `with app as (
-    select id from apps
-    where id = $2 and app_name = $3 and display_name = $4 and group_slug = $5 and branch = $6 and branch_label = $15 and repository = $16 and config_path = $17
-      and ($18::boolean or preflight_status in ('ready', 'exempt'))
-    for share),
+const INSERT_BUILDS = `with input as (
+    select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::boolean[], $9::uuid[], $10::text[],
+                         $11::uuid[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::boolean[])
+      as i(id, app_id, app_name, display_name, group_slug, branch, tag, auto_deploy, deploy_action_id, created_by,
+           event_id, subject, payload, headers, branch_label, repository, config_path, skip_preflight)),
+  admitted as (
+    select i.* from input i join apps a on a.id = i.app_id
+    where a.app_name = i.app_name and a.display_name = i.display_name and a.group_slug = i.group_slug and a.branch = i.branch
+      and a.branch_label = i.branch_label and a.repository = i.repository and a.config_path = i.config_path
+      and (i.skip_preflight or a.preflight_status in ('ready', 'exempt'))
+    for share of a),
   b as (
     insert into builds (id, app_id, app_name, display_name, group_slug, branch, tag, status, queue_status, codebuild_phase, auto_deploy, deploy_action_id, created_by)
-    select $1, app.id, $3, $4, $5, $6, $7, 'queued', 'queued', 'SUBMITTED', $8, $9, $10 from app
+    select id, app_id, app_name, display_name, group_slug, branch, tag, 'queued', 'queued', 'SUBMITTED', auto_deploy, deploy_action_id, created_by from admitted
     on conflict (app_name, tag) do nothing
-    returning id)
-  insert into outbox (id, subject, payload, headers) select $11, $12, $13, $14 from b returning id`;
+    returning id),
+  o as (
+    insert into outbox (id, subject, payload, headers)
+    select i.event_id, i.subject, i.payload::jsonb, i.headers::jsonb from admitted i join b on b.id = i.id)
+  select id from b`;
+
+/** One build for INSERT_BUILDS: its row, its event, and the app values both were made from. */
+interface BuildWrite {
+  row: AcceptedBuild["row"];
+  event: OutboxRow;
+  app: BuildableApp;
+  skipPreflight: boolean;
+}
+
+async function insertBuilds(db: SqlPool, writes: BuildWrite[]): Promise<Set<string>> {
+  const column = <T>(f: (w: BuildWrite) => T) => writes.map(f);
+  const { rows } = await db.query<{ id: string }>({
+    name: "builds-insert",
+    text: INSERT_BUILDS,
+    values: [
+      column((w) => w.row.id), column((w) => w.row.appId), column((w) => w.row.appName), column((w) => w.row.displayName),
+      column((w) => w.row.groupSlug), column((w) => w.row.branch), column((w) => w.row.tag), column((w) => w.row.autoDeploy),
+      column((w) => w.row.deployActionId), column((w) => w.row.createdBy),
+      column((w) => w.event.id), column((w) => w.event.subject), column((w) => JSON.stringify(w.event.payload)), column((w) => JSON.stringify(w.event.headers)),
+      column((w) => w.app.branchLabel), column((w) => w.app.repository), column((w) => w.app.configPath), column((w) => w.skipPreflight),
+    ],
+  });
+  return new Set(rows.map((r) => r.id));
+}
+
+/**
+ * Concurrent POST /api/builds share a statement (and its commit) per pool. A batch that fails
+ * (an app deleted under it) is written again build by build, so each build hears its own outcome.
+ */
+const coalescers = new WeakMap<SqlPool, Coalescer<BuildWrite, boolean>>();
+
+function buildWriter(db: SqlPool): Coalescer<BuildWrite, boolean> {
+  let writer = coalescers.get(db);
+  if (!writer) {
+    const one = (w: BuildWrite): Promise<Settled<boolean>> =>
+      insertBuilds(db, [w]).then(
+        (ids) => ({ ok: true, value: ids.has(w.row.id) }),
+        (error: unknown) => ({ ok: false, error }),
+      );
+    writer = new Coalescer<BuildWrite, boolean>(
+      async (writes) => {
+        if (writes.length === 1) return [await one(writes[0]!)];
+        try {
+          const ids = await insertBuilds(db, writes);
+          return writes.map((w) => ({ ok: true, value: ids.has(w.row.id) }));
+        } catch {
+          return Promise.all(writes.map(one));
+        }
+      },
+      { maxBatch: 64, maxInFlight: 2 },
+    );
+    coalescers.set(db, writer);
+  }
+  return writer;
+}
 
 /**
  * The apps built lately by this process, by what a request names (group, branch, name): a build
@@ -175,16 +241,7 @@ export async function triggerBuildOfRegisteredApp(db: SqlPool, caller: Caller, i
     const { row, event } = acceptBuild(app, caller, input);
     const outbox = outboxEvent(subjects.events.buildRequested, { ...event });
     try {
-      const inserted = await db.query({
-        name: "builds-insert",
-        text: INSERT_BUILD,
-        values: [
-          row.id, row.appId, row.appName, row.displayName, row.groupSlug, row.branch, row.tag, row.autoDeploy, row.deployActionId, row.createdBy,
-          outbox.id, outbox.subject, outbox.payload, outbox.headers,
-          app.branchLabel, app.repository, app.configPath, input.skipPreflight === true,
-        ],
-      });
-      if (inserted.rowCount === 1) {
+      if (await buildWriter(db).submit({ row, event: outbox, app, skipPreflight: input.skipPreflight === true })) {
         if (!builtApps.has(key) && builtApps.size >= BUILT_APPS_MAX) builtApps.delete(builtApps.keys().next().value!);
         builtApps.set(key, app);
         return { buildId: row.id, tag: row.tag, registered: false };
