@@ -116,8 +116,9 @@ const BATCH = 500;
 /**
  * Publishes committed outbox rows, in commit order within one relay. Rows are locked with SKIP
  * LOCKED, so replicas of a service can relay side by side (their batches may then interleave:
- * consumers must not rely on order across entities); a publish repeated after a crash carries the
- * same `Nats-Msg-Id` and JetStream drops it as a duplicate.
+ * consumers must not rely on order across entities). A batch's rows are deleted in the
+ * transaction that claimed them, once JetStream has acknowledged every publish; a publish
+ * repeated after a crash carries the same `Nats-Msg-Id` and JetStream drops it as a duplicate.
  *
  * A batch's publishes go out together on the one connection (so still in order) and are awaited
  * together: under load, rows committed while a batch is in flight make the next batch, and the
@@ -135,7 +136,7 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
       await client.query("begin");
       const { rows } = await client.query<{ id: string; subject: string; payload: object; headers: Record<string, string> }>({
         name: "outbox-relay-select",
-        text: `select id, subject, payload, headers from outbox where published_at is null order by seq limit ${BATCH} for update skip locked`,
+        text: `select id, subject, payload, headers from outbox order by seq limit ${BATCH} for update skip locked`,
       });
       await Promise.all(
         rows.map((row) => {
@@ -145,7 +146,7 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
         }),
       );
       if (rows.length > 0) {
-        await client.query({ name: "outbox-relay-mark", text: "update outbox set published_at = now() where id = any($1::uuid[])", values: [rows.map((r) => r.id)] });
+        await client.query({ name: "outbox-relay-delete", text: "delete from outbox where id = any($1::uuid[])", values: [rows.map((r) => r.id)] });
       }
       await client.query("commit");
       return rows.length;

@@ -8,7 +8,7 @@ import { MikroORM, type EntityManager } from "@mikro-orm/postgresql";
 import { Migrator, Migration } from "@mikro-orm/migrations";
 import type { AnyEntity, EntitySchema, MigrationObject } from "@mikro-orm/core";
 import type { Logger } from "@platform/logger";
-import { OutboxEvent, ProcessedEvent, outboxMigration } from "./outbox.ts";
+import { OutboxEvent, ProcessedEvent, outboxMigrations } from "./outbox.ts";
 
 export { MikroORM, Migration, type EntityManager, type MigrationObject };
 export { OutboxEvent, ProcessedEvent, enqueueEvent, outboxEvent, claimEvent, claimEvents, type OutboxRow } from "./outbox.ts";
@@ -62,7 +62,7 @@ export async function openDatabase(opts: DatabaseOptions): Promise<MikroORM> {
     migrations: {
       schema: opts.schema,
       tableName: "mikro_orm_migrations",
-      migrationsList: [outboxMigration, ...opts.migrations],
+      migrationsList: [...outboxMigrations, ...opts.migrations],
       snapshot: false,
       snapshotOnMigrate: false,
       silent: true,

@@ -1,8 +1,10 @@
 /**
  * The transactional outbox and the idempotent-consumer ledger, present in every service schema.
  * A domain write and the event announcing it commit in one transaction; the bus relay publishes
- * the row later with `Nats-Msg-Id` = event id, so a crash between commit and publish loses nothing
- * and a publish repeated after a crash is dropped by JetStream's duplicate window.
+ * the row later with `Nats-Msg-Id` = event id and deletes it in the transaction that claimed it,
+ * so a crash between commit and publish loses nothing, a publish repeated after a crash is
+ * dropped by JetStream's duplicate window, and the table holds only what is still to be sent
+ * (the stream keeps what was).
  */
 import { randomUUID } from "node:crypto";
 import { defineEntity, p } from "@mikro-orm/core";
@@ -20,7 +22,6 @@ export const OutboxEventSchema = defineEntity({
     payload: p.json<Record<string, unknown>>(),
     headers: p.json<Record<string, string>>(),
     createdAt: p.datetime().defaultRaw("now()"),
-    publishedAt: p.datetime().nullable(),
   },
 });
 export class OutboxEvent extends OutboxEventSchema.class {}
@@ -59,7 +60,22 @@ class OutboxTables extends Migration {
   }
 }
 
-export const outboxMigration = { name: "0000_outbox", class: OutboxTables };
+/**
+ * Published rows used to be kept, marked `published_at`: an update that wrote a new row version
+ * and index entries per event, in a table nothing ever emptied outside deploy-queue.
+ */
+class OutboxPublishedRowsDeleted extends Migration {
+  override up(): void {
+    this.addSql("delete from outbox where published_at is not null");
+    this.addSql("drop index if exists outbox_unpublished");
+    this.addSql("alter table outbox drop column published_at");
+  }
+}
+
+export const outboxMigrations = [
+  { name: "0000_outbox", class: OutboxTables },
+  { name: "0000_outbox_published_rows_deleted", class: OutboxPublishedRowsDeleted },
+];
 
 /**
  * Adds an event to the outbox of the transaction `em` belongs to. The current trace context

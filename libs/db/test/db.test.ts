@@ -89,8 +89,8 @@ describe("openDatabase", () => {
     orm = await open(url, "svc_one", logger);
     await client.connect();
     expect(await tablesOf(client, "svc_one")).toEqual(["mikro_orm_migrations", "outbox", "processed_events", "widget"]);
-    expect(await migrationRows(client, "svc_one")).toEqual(["0000_outbox", "0001_widget"]);
-    expect(applied).toEqual([["0000_outbox", "0001_widget"]]);
+    expect(await migrationRows(client, "svc_one")).toEqual(["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]);
+    expect(applied).toEqual([["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]]);
     // Nothing lands in public.
     expect(await tablesOf(client, "public")).toEqual([]);
   });
@@ -112,7 +112,7 @@ describe("openDatabase", () => {
     const { logger, applied } = recordingLogger();
     await open(url, "svc_one", logger);
     expect(applied).toEqual([]);
-    expect(await migrationRows(client, "svc_one")).toEqual(["0000_outbox", "0001_widget"]);
+    expect(await migrationRows(client, "svc_one")).toEqual(["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]);
   });
 
   it("reports the database and its table count", async () => {
@@ -124,8 +124,8 @@ describe("openDatabase", () => {
     const a = recordingLogger();
     const b = recordingLogger();
     const [one, two] = await Promise.all([open(url, "svc_race", a.logger), open(url, "svc_race", b.logger)]);
-    expect(await migrationRows(client, "svc_race")).toEqual(["0000_outbox", "0001_widget"]);
-    expect([...a.applied, ...b.applied]).toEqual([["0000_outbox", "0001_widget"]]);
+    expect(await migrationRows(client, "svc_race")).toEqual(["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]);
+    expect([...a.applied, ...b.applied]).toEqual([["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]]);
     expect((await databaseFacts(one)).database).toBe("ok");
     expect((await databaseFacts(two)).database).toBe("ok");
     expect((await databaseFacts(one, true)).tables).toBe(8);
@@ -137,7 +137,7 @@ describe("openDatabase", () => {
     const loggers = [recordingLogger(), recordingLogger(), recordingLogger()];
     const opened = await Promise.all(loggers.map((l) => open(fresh, "svc_fresh", l.logger)));
     expect(opened).toHaveLength(3);
-    expect(loggers.flatMap((l) => l.applied)).toEqual([["0000_outbox", "0001_widget"]]);
+    expect(loggers.flatMap((l) => l.applied)).toEqual([["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]]);
   });
 
   it("reports the reason when the database cannot be reached", async () => {
@@ -165,7 +165,7 @@ describe("openDatabase", () => {
     ).rejects.toThrow();
     // The lock was released: the schema can be opened with a correct list.
     const fixed = await open(url, "svc_broken");
-    expect(await migrationRows(client, "svc_broken")).toEqual(["0000_outbox", "0001_widget"]);
+    expect(await migrationRows(client, "svc_broken")).toEqual(["0000_outbox", "0000_outbox_published_rows_deleted", "0001_widget"]);
     expect((await databaseFacts(fixed)).database).toBe("ok");
   });
 });
@@ -179,8 +179,8 @@ describe("outbox and ledger", () => {
   it("enqueueEvent commits the event with the transaction", async () => {
     const id = await orm.em.fork().transactional(async (em) => enqueueEvent(em, "events.test.created", { name: "a", n: 1 }));
     expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
-    const rows = await client.query("select subject, payload, headers, published_at from svc_events.outbox where id = $1", [id]);
-    expect(rows.rows).toEqual([{ subject: "events.test.created", payload: { name: "a", n: 1 }, headers: {}, published_at: null }]);
+    const rows = await client.query("select subject, payload, headers from svc_events.outbox where id = $1", [id]);
+    expect(rows.rows).toEqual([{ subject: "events.test.created", payload: { name: "a", n: 1 }, headers: {} }]);
     const event = await orm.em.fork().findOneOrFail(OutboxEvent, { id });
     expect(event.subject).toBe("events.test.created");
   });

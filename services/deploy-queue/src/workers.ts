@@ -20,8 +20,8 @@ const REDISPATCH_INTERVAL_MS = 30_000;
 /**
  * Publishes committed work messages at once, as the relay would (envelope `{id, data}`,
  * `Nats-Msg-Id` = the outbox event id), so an agent need not wait for the relay's next batch.
- * Only after the transaction that enqueued them has committed. The rows of the messages sent are
- * then marked published, so the relay does not send them again; a failure leaves them to the
+ * Only after the transaction that enqueued them has committed. The outbox rows of the messages
+ * sent are then deleted, as the relay deletes what it sends, so it does not send them again; a failure leaves them to the
  * relay, whose copy of anything sent twice JetStream drops as a duplicate.
  */
 export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" | "logger">, dispatched: Dispatched[]): Promise<void> {
@@ -41,8 +41,8 @@ export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" 
   const ids = sent.filter((id): id is string => id !== null);
   if (ids.length === 0) return;
   await (await sqlPool(ctx.orm))
-    .query({ name: "outbox-mark-dispatched", text: "update outbox set published_at = now() where id = any($1::uuid[]) and published_at is null", values: [ids] })
-    .catch((err: unknown) => ctx.logger.warn({ err }, "could not mark work messages published; the relay will send them again"));
+    .query({ name: "outbox-delete-dispatched", text: "delete from outbox where id = any($1::uuid[])", values: [ids] })
+    .catch((err: unknown) => ctx.logger.warn({ err }, "could not delete the outbox rows of work messages sent; the relay will send them again"));
 }
 
 /**
@@ -209,7 +209,7 @@ export function startPeriodicJobs(ctx: ServiceContext): { stop(): Promise<void> 
   const prune = every(PRUNE_INTERVAL_MS, async () => {
     try {
       const pruned = await ctx.write((em) => pruneTerminal(em, new Date()));
-      if (pruned.actions + pruned.ledger + pruned.outbox > 0) ctx.logger.info(pruned, "pruned terminal queue rows");
+      if (pruned.actions + pruned.ledger > 0) ctx.logger.info(pruned, "pruned terminal queue rows");
     } catch (err) {
       ctx.logger.warn({ err }, "pruning failed");
     }

@@ -1,8 +1,8 @@
 /**
  * Pruning (spec doc 1 sections 2.5 and 8): terminal queue rows are deleted 30 days after they
- * finished. Live rows are never pruned, however old. The consumer ledger and published outbox
- * rows of this schema age out on the same clock (JetStream keeps events 7 days, so no ledger
- * entry older than that can still be needed).
+ * finished. Live rows are never pruned, however old. The consumer ledger of this schema ages out
+ * on the same clock (JetStream keeps events 7 days, so no ledger entry older than that can still
+ * be needed).
  */
 import type { EntityManager } from "@platform/db";
 
@@ -16,7 +16,6 @@ export function pruneCutoff(now: Date): Date {
 export interface PruneResult {
   actions: number;
   ledger: number;
-  outbox: number;
 }
 
 export async function pruneTerminal(em: EntityManager, now: Date): Promise<PruneResult> {
@@ -30,6 +29,5 @@ export async function pruneTerminal(em: EntityManager, now: Date): Promise<Prune
     tx,
   );
   const ledger = await conn.execute<{ event_id: string }[]>("delete from processed_events where processed_at < ? returning event_id", [cutoff], "all", tx);
-  const outbox = await conn.execute<{ id: string }[]>("delete from outbox where published_at is not null and published_at < ? returning id", [cutoff], "all", tx);
-  return { actions: actions.length, ledger: ledger.length, outbox: outbox.length };
+  return { actions: actions.length, ledger: ledger.length };
 }
