@@ -17,6 +17,7 @@ import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
+import { releaseDir } from "./deployer.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -93,6 +94,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       allowFileRepos: allowFileRepos(config),
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
       publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
+      releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

@@ -6,7 +6,7 @@
  * honoured between phases; the whole build has a deadline.
  */
 import { spawn } from "node:child_process";
-import { mkdir, mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
@@ -20,6 +20,8 @@ export interface BuildJob {
   repository: string;
   config_path: string;
   tag: string;
+  /** A deploy of the build follows it (POST /api/builds with auto_deploy). */
+  auto_deploy?: boolean;
 }
 
 export type LogLevel = "info" | "warning" | "error";
@@ -36,6 +38,11 @@ export interface BuildDeps {
   phase(name: string, opts?: { wait?: boolean }): Promise<boolean>;
   /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
   publishImage(app: string, tag: string, file: string): Promise<void>;
+  /**
+   * Where this host keeps the release of a build that a deploy follows: the built tree is moved
+   * there, so a deploy on this host starts it without unpacking the image it was just packed into.
+   */
+  releaseDir?(job: BuildJob): string;
 }
 
 export interface BuildOutcome {
@@ -121,6 +128,21 @@ function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
     PLATFORM_BRANCH: job.branch,
     PLATFORM_BUILD_TAG: job.tag,
   };
+}
+
+/**
+ * Moves the built tree (what the image holds: everything but .git) to where a deploy on this
+ * host looks for the release. Best effort: a deploy that does not find it unpacks the image.
+ */
+async function keepRelease(src: string, dir: string): Promise<void> {
+  if (await stat(dir).catch(() => null)) return;
+  try {
+    await rm(path.join(src, ".git"), { recursive: true, force: true });
+    await mkdir(path.dirname(dir), { recursive: true });
+    await rename(src, dir);
+  } catch {
+    // The deploy unpacks the image instead.
+  }
 }
 
 export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOutcome> {
@@ -222,6 +244,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     await deps.publishImage(job.app_name, job.tag, image).catch((err: unknown) => {
       throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
     });
+    if (job.auto_deploy && deps.releaseDir) await keepRelease(src, deps.releaseDir(job));
     result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
     emit("info", `Image ${job.app_name}:${job.tag} published to the fleet's image store`);
     return finish("completed", "");

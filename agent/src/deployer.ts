@@ -144,6 +144,23 @@ export function probeHealth(port: number, healthPath: string): Promise<boolean> 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const safe = (s: string) => s.replace(/[^A-Za-z0-9_-]/g, "_");
 
+/** A promise's outcome, held so that nobody need await it (a rejection is then not unhandled). */
+type Outcome<T> = { ok: true; value: T } | { ok: false; error: unknown };
+const settle = <T>(p: Promise<T>): Promise<Outcome<T>> =>
+  p.then(
+    (value) => ({ ok: true, value }),
+    (error: unknown) => ({ ok: false, error }),
+  );
+function unwrap<T>(o: Outcome<T>): T {
+  if (o.ok) return o.value;
+  throw o.error;
+}
+
+/** Where a host keeps the tree of a release: the image unpacked, or the build's own output. */
+export function releaseDir(runDir: string, group: string, app: string, branch: string, tag: string): string {
+  return path.join(runDir, "releases", safe(group), safe(app), safe(branch), safe(tag));
+}
+
 export function replicaId(key: string, service: string, colour: Colour, index: number, tag: string): string {
   return safe(`${key}.${service}.${colour}.${index}.${tag}`).slice(0, 200);
 }
@@ -157,7 +174,7 @@ export class Deployer {
 
   /** Unpacks the tag's image (once) into the host's releases, fetching the image first if this host lacks it. */
   async #release(job: DeployJob, tag: string, emit: (l: LogLevel, m: string) => void): Promise<string> {
-    const dir = path.join(this.#d.runDir, "releases", safe(job.group_slug), safe(job.app_name), safe(job.branch), safe(tag));
+    const dir = releaseDir(this.#d.runDir, job.group_slug, job.app_name, job.branch, tag);
     if (await stat(dir).catch(() => null)) return dir;
     const image = path.join(this.#d.imageDir, job.app_name, `${tag}.tar.gz`);
     if (!(await stat(image).catch(() => null))) {
@@ -228,6 +245,8 @@ export class Deployer {
     let inflight: InflightDeploy | null = null;
     try {
       await enter("setup");
+      // The tag's tree is made ready (fetched, unpacked) while its release is resolved.
+      const early = job.image_tag ? settle(this.#release(job, job.image_tag, emit)) : null;
       const release = await d.resolve(job);
       const tag = release.imageTag || job.image_tag || "";
       result.env_vars_snapshot = release.env;
@@ -239,7 +258,7 @@ export class Deployer {
       const services = Object.entries(config.services).filter(([name]) => !wanted || wanted.has(name));
       if (services.length === 0) throw new DeployFailure("The config declares no service to run.");
       emit("info", `Deploying ${job.app_name}:${tag} (${services.length} service(s)) on ${d.hostId}`);
-      const releaseDir = await this.#release(job, tag, emit);
+      const releaseDir = early && tag === job.image_tag ? unwrap(await early) : await this.#release(job, tag, emit);
 
       await enter("start");
       const colour: Colour = previous?.colour === "blue" ? "green" : "blue";

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { execFile } from "node:child_process";
 import http from "node:http";
-import { mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import { cp, mkdtemp, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -15,7 +15,7 @@ import { connectBus, type Bus } from "@platform/bus";
 import { createLogger } from "@platform/logger";
 import { parseAppConfigYaml } from "@platform/app-config";
 import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, type StartedCaddy } from "@platform/testing";
-import { Deployer, type DeployerDeps } from "../src/deployer.ts";
+import { Deployer, releaseDir, type DeployerDeps } from "../src/deployer.ts";
 import { HostState } from "../src/host-state.ts";
 import { deleteImages, fetchImage, publishImage } from "../src/image-store.ts";
 import { CaddyRouter } from "../src/router.ts";
@@ -107,6 +107,17 @@ it("fetches an image this host lacks, then runs and routes the release", async (
   expect(outcome).toMatchObject({ status: "completed", error_message: "", result: { previous_tag: null, env_vars_snapshot: { GREETING: "hi" } } });
   expect(lines).toContain(`Fetched image node-web:${TAG} from the fleet's image store`);
   expect(await stat(path.join(dir, "images", "node-web", `${TAG}.tar.gz`))).toBeTruthy();
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("runs a release whose tree this host's build kept, with no image anywhere to fetch", async () => {
+  const kept = "main-89abcdef";
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", kept), { recursive: true });
+  lines.length = 0;
+  const outcome = await deployer.deploy({ ...job, action_id: "0e1d2c3b-4a59-4687-9a1b-2c3d4e5f6a7b", image_tag: kept });
+  expect(outcome).toMatchObject({ status: "completed", result: { previous_tag: TAG } });
+  expect(lines.some((l) => l.startsWith("Fetched image"))).toBe(false);
+  await expect(stat(path.join(dir, "images", "node-web", `${kept}.tar.gz`))).rejects.toThrow(/ENOENT/);
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 

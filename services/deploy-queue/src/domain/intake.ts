@@ -120,6 +120,7 @@ function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Act
       tag: req.tag,
       app_name: req.app_name,
       group_slug: req.group_slug,
+      auto_deploy: req.auto_deploy,
     },
   });
   if (!req.auto_deploy || !req.deploy_action_id) return [build];

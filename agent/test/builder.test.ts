@@ -1,0 +1,69 @@
+/**
+ * BUILD on its own against a real git repository (the node-web fixture): the image archive in the
+ * host's image store, and, for a build that a deploy follows, the built tree kept where a deploy
+ * on this host looks for the release, so it need not unpack the image it was just packed into.
+ */
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { mkdtemp, readdir, readFile, rm, stat } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
+import { runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
+import { releaseDir } from "../src/deployer.ts";
+
+let dir: string;
+let repo: FixtureRepo;
+const published: string[] = [];
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), "agent-builder-test-"));
+  repo = await makeFixtureRepo("node-web");
+});
+
+afterAll(async () => {
+  await repo?.cleanup();
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+const deps = (): BuildDeps => ({
+  hostId: "host-1",
+  workDir: path.join(dir, "work"),
+  imageDir: path.join(dir, "images"),
+  allowFileRepos: true,
+  timeoutMs: 60_000,
+  log: () => undefined,
+  phase: async () => false,
+  publishImage: async (app, tag) => void published.push(`${app}:${tag}`),
+  releaseDir: (job) => releaseDir(path.join(dir, "run"), job.group_slug, job.app_name, job.branch, job.tag),
+});
+
+const job = (tag: string, autoDeploy: boolean): BuildJob => ({
+  action_id: "a1",
+  build_id: "b1",
+  app_name: "node-web",
+  branch: repo.branch,
+  group_slug: "acme",
+  repository: repo.url,
+  config_path: "platform.yaml",
+  tag,
+  auto_deploy: autoDeploy,
+});
+
+it("keeps the built tree of a build that a deploy follows where the deploy looks for it", async () => {
+  const outcome = await runBuild(job("main-00000001", true), deps());
+  expect(outcome).toMatchObject({ status: "completed", error_message: "" });
+  expect(published).toContain("node-web:main-00000001");
+  expect(await stat(path.join(dir, "images", "node-web", "main-00000001.tar.gz"))).toBeTruthy();
+  const kept = releaseDir(path.join(dir, "run"), "acme", "node-web", repo.branch, "main-00000001");
+  // What the image holds: the build's output included, the repository's history not.
+  expect(await readFile(path.join(kept, "dist", "build-info.txt"), "utf8")).toContain("built");
+  expect(await readdir(kept)).not.toContain(".git");
+  // Nothing is left behind in the work directory.
+  expect(await readdir(path.join(dir, "work"))).toEqual([]);
+});
+
+it("keeps nothing of a build no deploy follows", async () => {
+  const outcome = await runBuild(job("main-00000002", false), deps());
+  expect(outcome.status).toBe("completed");
+  await expect(stat(releaseDir(path.join(dir, "run"), "acme", "node-web", repo.branch, "main-00000002"))).rejects.toThrow(/ENOENT/);
+});
