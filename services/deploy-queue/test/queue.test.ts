@@ -129,7 +129,7 @@ describe("build_requested", () => {
 
     const b = await row(req.build_id);
     expect(b).toMatchObject({ actionType: "BUILD", status: "queued", groupSlug: "acme", appName: req.app_name, imageTag: req.tag, dependsOn: null, autoDeploy: true, dispatchedTo: null, commitMessage: "Fix the thing" });
-    expect(b.payload).toEqual({ build_id: req.build_id, repository: req.repository, branch: "main", config_path: "platform.yaml", tag: req.tag, app_name: req.app_name, group_slug: "acme" });
+    expect(b.payload).toEqual({ build_id: req.build_id, repository: req.repository, branch: "main", config_path: "platform.yaml", tag: req.tag, app_name: req.app_name, group_slug: "acme", auto_deploy: true });
     const d = await row(req.deploy_action_id!);
     expect(d).toMatchObject({ actionType: "DEPLOY", status: "queued", dependsOn: req.build_id, imageTag: req.tag, dispatchedTo: null });
 
