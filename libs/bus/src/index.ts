@@ -406,6 +406,19 @@ export async function handleBatchOnce(
   });
 }
 
+/**
+ * How long a consumer's ledger remembers an event: a day past the events stream's age limit, after
+ * which no copy of the event can be delivered again.
+ */
+export const LEDGER_RETENTION_MS = (streams().events.maxAgeSeconds + 24 * 3600) * 1000;
+
+/** Forgets the ledger entries no redelivery can need any more; every service runs it hourly. */
+export async function pruneLedger(orm: MikroORM, now: Date = new Date()): Promise<number> {
+  const pool = await sqlPool(orm);
+  const r = await pool.query({ name: "ledger-prune", text: "delete from processed_events where processed_at < $1", values: [new Date(now.getTime() - LEDGER_RETENTION_MS)] });
+  return r.rowCount ?? 0;
+}
+
 /** Plain NATS subscription (every replica sees every message), with trace context continued. */
 export function subscribe(bus: Bus, subject: string, handle: (data: EventEnvelope) => void | Promise<void>, logger: Logger): Subscription {
   const sub = bus.nc.subscribe(bus.subject(subject));

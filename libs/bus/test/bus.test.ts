@@ -11,6 +11,8 @@ import {
   connectBus,
   handleBatchOnce,
   handleOnce,
+  LEDGER_RETENTION_MS,
+  pruneLedger,
   runBatchConsumer,
   runConsumer,
   startOutboxRelay,
@@ -423,6 +425,21 @@ describe("batch consumers", () => {
     expect(handled.indexOf("poison")).toBe(2);
     const ledger = await db.query("select count(*)::int as n from bus_test.processed_events where consumer = 'batch-poison'");
     expect(ledger.rows[0]).toEqual({ n: 3 });
+  });
+});
+
+describe("the consumer ledger", () => {
+  it("forgets an event once the events stream can no longer deliver it again, and not before", async () => {
+    const now = new Date();
+    const at = (ms: number) => new Date(now.getTime() - ms);
+    await db.query(
+      "insert into bus_test.processed_events (consumer, event_id, processed_at) values ('prune', 'gone', $1), ('prune', 'kept', $2), ('prune', 'new', $3)",
+      [at(LEDGER_RETENTION_MS + 60_000), at(LEDGER_RETENTION_MS - 60_000), now],
+    );
+    expect(LEDGER_RETENTION_MS).toBeGreaterThan(subjects.streams().events.maxAgeSeconds * 1000);
+    expect(await pruneLedger(orm, now)).toBe(1);
+    const left = await db.query<{ event_id: string }>("select event_id from bus_test.processed_events where consumer = 'prune' order by event_id");
+    expect(left.rows.map((r) => r.event_id)).toEqual(["kept", "new"]);
   });
 });
 

@@ -8,7 +8,7 @@ import { create } from "@bufbuild/protobuf";
 import { serviceEnv, serviceSchema, type Config, type ServiceName } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
 import { databaseFacts, openDatabase, type EntityManager, type MikroORM, type MigrationObject } from "@platform/db";
-import { connectBus, startOutboxRelay, type Bus, type OutboxRelay } from "@platform/bus";
+import { connectBus, pruneLedger, startOutboxRelay, type Bus, type OutboxRelay } from "@platform/bus";
 import { startRpcServer, type RpcServer } from "@platform/rpc";
 import { ReadinessRequestSchema, ReadinessResponseSchema, type ReadinessRequest, type ReadinessResponse } from "@platform/proto";
 import { shutdownTelemetry } from "@platform/telemetry";
@@ -63,6 +63,8 @@ async function natsStatus(bus: Bus): Promise<string> {
   }
 }
 
+const LEDGER_PRUNE_INTERVAL_MS = 3600_000;
+
 export async function startService(def: ServiceDefinition): Promise<RunningService> {
   const { config } = def;
   const logger = def.logger ?? createLogger({ service: def.name, level: config.LOG_LEVEL });
@@ -70,6 +72,13 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
   const orm = await openDatabase({ url: config.DATABASE_URL, schema, entities: def.entities, migrations: def.migrations, logger });
   const bus = await connectBus({ url: config.NATS_URL, name: def.name, prefix: config.BUS_PREFIX ?? "", logger });
   const relay = startOutboxRelay({ orm, bus, logger });
+  const ledgerUpkeep = setInterval(() => {
+    pruneLedger(orm).then(
+      (n) => n > 0 && logger.info({ entries: n }, "consumer ledger pruned"),
+      (err: unknown) => logger.warn({ err }, "consumer ledger prune failed"),
+    );
+  }, LEDGER_PRUNE_INTERVAL_MS);
+  ledgerUpkeep.unref();
 
   const readiness = async (req: ReadinessRequest): Promise<ReadinessResponse> => {
     const [db, nats] = await Promise.all([databaseFacts(orm, req.deep), natsStatus(bus)]);
@@ -108,6 +117,7 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
     close() {
       closing ??= (async () => {
         await rpc.close();
+        clearInterval(ledgerUpkeep);
         for (const c of closers) await c().catch((err: unknown) => logger.warn({ err }, "closer failed"));
         await relay.stop();
         await bus.close();

@@ -1,8 +1,7 @@
 /**
  * Pruning (spec doc 1 sections 2.5 and 8): terminal queue rows are deleted 30 days after they
- * finished. Live rows are never pruned, however old. The consumer ledger of this schema ages out
- * on the same clock (JetStream keeps events 7 days, so no ledger entry older than that can still
- * be needed).
+ * finished. Live rows are never pruned, however old. (The consumer ledger ages out as in every
+ * service: pruneLedger in @platform/bus.)
  */
 import type { EntityManager } from "@platform/db";
 
@@ -15,7 +14,6 @@ export function pruneCutoff(now: Date): Date {
 
 export interface PruneResult {
   actions: number;
-  ledger: number;
 }
 
 export async function pruneTerminal(em: EntityManager, now: Date): Promise<PruneResult> {
@@ -28,6 +26,5 @@ export async function pruneTerminal(em: EntityManager, now: Date): Promise<Prune
     "all",
     tx,
   );
-  const ledger = await conn.execute<{ event_id: string }[]>("delete from processed_events where processed_at < ? returning event_id", [cutoff], "all", tx);
-  return { actions: actions.length, ledger: ledger.length };
+  return { actions: actions.length };
 }
