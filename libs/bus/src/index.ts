@@ -44,6 +44,10 @@ export async function connectBus(opts: BusOptions): Promise<Bus> {
     name: opts.name,
     maxReconnectAttempts: -1,
     reconnectTimeWait: 500,
+    // Otherwise every request (each JetStream publish among them) builds two Error objects, stack
+    // traces and all, in case it fails: a tenth of a service's time under load. Errors still say
+    // what failed; they lose only the caller's stack.
+    noAsyncTraces: true,
   });
   const jsm = await jetstreamManager(nc);
   const js = jetstream(nc);
