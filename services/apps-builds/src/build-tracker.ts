@@ -6,6 +6,7 @@
 import { handleBatchOnce, runBatchConsumer, subjects, type RunningConsumer } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { applyActionUpdates, type ActionUpdate } from "./domain/builds.ts";
+import { buildRowsWritten } from "./domain/releases.ts";
 
 export function startBuildTracker(ctx: ServiceContext): Promise<RunningConsumer> {
   const { bus } = ctx;
@@ -16,12 +17,13 @@ export function startBuildTracker(ctx: ServiceContext): Promise<RunningConsumer>
     filterSubject: bus.subject(subjects.events.actionUpdated),
     logger: ctx.logger,
     async handleBatch(msgs) {
-      await handleBatchOnce(ctx.orm, "apps-builds.action-updates", msgs, async (em, events) => {
+      const applied = await handleBatchOnce(ctx.orm, "apps-builds.action-updates", msgs, async (em, events) => {
         await applyActionUpdates(
           em,
           events.map((e) => e.data as unknown as ActionUpdate),
         );
       });
+      if (applied.length > 0) buildRowsWritten.notify();
     },
   });
 }

@@ -16,7 +16,7 @@ import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUr
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { routerSettings } from "../src/rpc.ts";
-import { resolveClaimedRelease } from "../src/domain/releases.ts";
+import { buildRowsWritten, resolveClaimedRelease } from "../src/domain/releases.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
 
 const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
@@ -179,6 +179,14 @@ describe("the release of a claimed deploy", () => {
     setTimeout(() => void db.query("update apps_builds.builds set status = 'completed', config = $2 where id = $1", [r.buildId, { type: "container", services: {} }]), 200);
     const release = await resolveClaimedRelease(service.ctx.read, query, router, 4000);
     expect(release).toMatchObject({ imageTag: r.tag, buildId: r.buildId });
+
+    // The tracker's word that it wrote builds rows ends the wait (the poll would take a minute here).
+    const next = await trigger();
+    const waiting = resolveClaimedRelease(service.ctx.read, { ...query, imageTag: next.tag }, router, 120_000, 60_000);
+    await new Promise((r) => setTimeout(r, 100));
+    await db.query("update apps_builds.builds set status = 'completed', config = $2 where id = $1", [next.buildId, { type: "container", services: {} }]);
+    buildRowsWritten.notify();
+    expect(await waiting).toMatchObject({ imageTag: next.tag, buildId: next.buildId });
 
     // A build that failed is refused at once.
     const failed = await trigger();

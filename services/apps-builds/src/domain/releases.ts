@@ -92,7 +92,38 @@ export async function resolveRelease(em: EntityManager, caller: Caller | null, q
 
 /** How long the agent's release waits for its build's completion to reach the builds row (within the agent's RPC deadline). */
 export const BUILD_RECORD_WAIT_MS = 4_000;
+/** Another replica's tracker may be the one that writes the row: it is looked at again this often. */
 const BUILD_RECORD_POLL_MS = 20;
+
+/**
+ * Said by this process's build tracker each time it has committed updates of builds rows, so a
+ * release waiting for its build's completion looks again at once rather than at its next poll.
+ */
+export class BuildRowsWritten {
+  #waiters = new Set<() => void>();
+
+  notify(): void {
+    const waiters = [...this.#waiters];
+    this.#waiters.clear();
+    for (const wake of waiters) wake();
+  }
+
+  /** Resolves at the next notify, or after `maxMs`. */
+  next(maxMs: number): Promise<void> {
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.#waiters.delete(wake);
+        resolve();
+      };
+      const timer = setTimeout(wake, maxMs);
+      timer.unref();
+      this.#waiters.add(wake);
+    });
+  }
+}
+
+export const buildRowsWritten = new BuildRowsWritten();
 
 /**
  * The release of a deploy the agent has claimed (no caller). The queue lets a deploy be claimed
@@ -105,14 +136,17 @@ export async function resolveClaimedRelease(
   q: Omit<ReleaseQuery, "allowPendingBuild">,
   router: RouterSettings,
   waitMs = BUILD_RECORD_WAIT_MS,
+  pollMs = BUILD_RECORD_POLL_MS,
 ): Promise<Release> {
   const deadline = Date.now() + waitMs;
   for (;;) {
+    // Listening before the read: a completion written while it runs still wakes this wait.
+    const written = buildRowsWritten.next(pollMs);
     try {
       return await read((em) => resolveRelease(em, null, { ...q, allowPendingBuild: false }, router));
     } catch (err) {
       if (!(err instanceof BuildNotFinished) || Date.now() >= deadline) throw err;
-      await new Promise((r) => setTimeout(r, BUILD_RECORD_POLL_MS));
+      await written;
     }
   }
 }
