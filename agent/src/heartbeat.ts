@@ -34,6 +34,9 @@ export interface InventoryEntry {
   colour: string;
   replicas_desired: number;
   replicas_running: number;
+  /** The HTTP client a running replica of the service can run; null when none was probed. */
+  http_client: string | null;
+  capability_probed_at: string | null;
 }
 
 export async function sampleHeartbeat(

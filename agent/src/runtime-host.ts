@@ -154,18 +154,23 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     deployer,
     resumable: () => state.allInflight().map((d) => ({ actionId: d.actionId, actionType: "DEPLOY" })),
     inventory() {
-      const running = new Set(driver.list().filter((r) => r.running).map((r) => r.spec.id));
+      const running = new Map(driver.list().filter((r) => r.running).map((r) => [r.spec.id, r]));
       const inventory: InventoryEntry[] = state.apps().flatMap((a) =>
-        Object.entries(a.services).map(([service, s]) => ({
-          group: a.group,
-          app: a.app,
-          branch: a.branch,
-          service,
-          tag: a.tag,
-          colour: a.colour,
-          replicas_desired: s.stopped ? 0 : s.replicas.length,
-          replicas_running: s.replicas.filter((r) => running.has(r.id)).length,
-        })),
+        Object.entries(a.services).map(([service, s]) => {
+          const capability = s.replicas.map((r) => running.get(r.id)?.capability).find((c) => c !== undefined);
+          return {
+            group: a.group,
+            app: a.app,
+            branch: a.branch,
+            service,
+            tag: a.tag,
+            colour: a.colour,
+            replicas_desired: s.stopped ? 0 : s.replicas.length,
+            replicas_running: s.replicas.filter((r) => running.has(r.id)).length,
+            http_client: capability?.httpClient ?? null,
+            capability_probed_at: capability?.probedAt.toISOString() ?? null,
+          };
+        }),
       );
       return { name: driver.name, inventory, containers: { running: running.size, total: driver.list().length } };
     },

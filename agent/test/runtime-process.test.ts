@@ -5,11 +5,11 @@
  */
 import { afterEach, beforeAll, afterAll, beforeEach, describe, expect, it } from "vitest";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { ProcessDriver, probeMemoryCgroup, probeSandbox } from "../src/runtime/process.ts";
+import { ProcessDriver, probeHttpClient, probeMemoryCgroup, probeSandbox } from "../src/runtime/process.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
 import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
 
@@ -243,6 +243,40 @@ describe.each(["auto", "off"] as const)("ProcessDriver with sandbox %s", (mode) 
     expect(await driver.tail(spec.id)).toEqual(["ready", "ignoring SIGTERM"]);
     expect(driver.list()[0]?.running).toBe(false);
     expect(exited).toEqual([]);
+  });
+});
+
+describe("the HTTP client a replica can run", () => {
+  it("is the first of curl, python3, node found executable on its PATH, or none", async () => {
+    const root = await mkdtemp(path.join(os.tmpdir(), "agent-probe-"));
+    try {
+      const bin = async (dir: string, name: string, mode = 0o755) => {
+        await mkdir(path.join(root, dir), { recursive: true });
+        await writeFile(path.join(root, dir, name), "#!/bin/sh\n");
+        await chmod(path.join(root, dir, name), mode);
+      };
+      await bin("a", "node");
+      await bin("b", "python3");
+      await bin("c", "curl", 0o644);
+      const at = (...dirs: string[]) => dirs.map((d) => path.join(root, d)).join(":");
+      expect(await probeHttpClient(at("a", "b"))).toBe("python3");
+      expect(await probeHttpClient(at("a"))).toBe("node");
+      // Not executable: not runnable. A relative PATH entry is not looked in.
+      expect(await probeHttpClient(at("c"))).toBe("none");
+      expect(await probeHttpClient(`relative:${at("c")}`)).toBe("none");
+      await chmod(path.join(root, "c", "curl"), 0o755);
+      expect(await probeHttpClient(at("a", "b", "c"))).toBe("curl");
+      expect(await probeHttpClient("")).toBe("none");
+    } finally {
+      await rm(root, { recursive: true, force: true });
+    }
+  });
+
+  it("is probed when a replica starts, from the PATH it runs with", async () => {
+    const driver = newDriver({ sandbox: "off" });
+    const state = await driver.start(makeSpec(nodeCommand("setInterval(() => {}, 1000)"), { env: { PATH: path.dirname(process.execPath) } }));
+    expect(state.capability).toMatchObject({ httpClient: "node" });
+    expect(driver.list()[0]!.capability!.probedAt).toBeInstanceOf(Date);
   });
 });
 

@@ -253,7 +253,7 @@ describe("services", () => {
     const r = await call(api, "GET", `/services/${APP}`, { credential: acme });
     expect(r.status).toBe(200);
     expect(r.body.services).toEqual([
-      { name: "web", status: "running", runtime: { replicas_running: 1, hosts_unverified: 0, reason: null }, url: expect.any(String), http_client: null, capability_probed_at: null },
+      { name: "web", status: "running", runtime: { replicas_running: 1, hosts_unverified: 0, reason: null }, url: expect.any(String), http_client: expect.stringMatching(/^(curl|python3|node)$/), capability_probed_at: expect.any(String) },
     ]);
   });
 

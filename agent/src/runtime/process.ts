@@ -13,7 +13,7 @@ import { constants, watch, type FSWatcher } from "node:fs";
 import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, rmdir, stat, truncate, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
-import type { ExitInfo, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
+import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -50,6 +50,21 @@ const REMOVE_GRACE_MS = 10_000;
 /** The exit event of an own child follows the disappearance of its process group by milliseconds. */
 const LEADER_EXIT_WAIT_MS = 2_000;
 const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
+const HTTP_CLIENTS = ["curl", "python3", "node"] as const;
+
+/**
+ * The first HTTP client a replica with this PATH can run. A replica sees the host's files (read
+ * only, in the sandbox), so looking on the host is looking where it would.
+ */
+export async function probeHttpClient(pathVar: string): Promise<HttpClient> {
+  const dirs = pathVar.split(":").filter((d) => path.isAbsolute(d));
+  for (const name of HTTP_CLIENTS) {
+    for (const dir of dirs) {
+      if (await access(path.join(dir, name), constants.X_OK).then(() => true, () => false)) return name;
+    }
+  }
+  return "none";
+}
 
 /** What replica.json holds. */
 interface ReplicaRecord {
@@ -63,6 +78,7 @@ interface ReplicaRecord {
   oomBase: number;
   sandboxed: boolean;
   exit?: { code: number | null; signal: string | null; oomKilled: boolean; at: string };
+  capability?: { httpClient: HttpClient; probedAt: string };
 }
 
 interface Cursor {
@@ -497,6 +513,7 @@ export class ProcessDriver implements RuntimeDriver {
       cgroup,
       oomBase,
       sandboxed: bwrap !== null,
+      capability: { httpClient: await probeHttpClient(env.PATH ?? DEFAULT_PATH), probedAt: new Date().toISOString() },
     };
     const replica = this.#newReplica(record, dir, cursors);
     replica.child = child;
@@ -652,6 +669,7 @@ export class ProcessDriver implements RuntimeDriver {
       startedAt: replica.startedAt,
       running: replica.running,
       exit: replica.exit ? { ...replica.exit } : null,
+      ...(replica.record.capability ? { capability: { httpClient: replica.record.capability.httpClient, probedAt: new Date(replica.record.capability.probedAt) } } : {}),
     };
   }
 

@@ -40,6 +40,15 @@ export interface ExitInfo {
   at: Date;
 }
 
+/** An HTTP client a replica can run, first found of curl, python3, node (spec doc 2 section 4.10). */
+export type HttpClient = "curl" | "python3" | "node" | "none";
+
+/** What was found a replica can run, and when it was looked for. */
+export interface Capability {
+  httpClient: HttpClient;
+  probedAt: Date;
+}
+
 export interface ReplicaState {
   spec: ReplicaSpec;
   /** Driver-specific handle: a pid for `process`, a container id for `docker`. */
@@ -47,6 +56,8 @@ export interface ReplicaState {
   startedAt: Date;
   running: boolean;
   exit: ExitInfo | null;
+  /** Absent when the driver does not probe (docker). */
+  capability?: Capability;
 }
 
 export interface OutputLine {

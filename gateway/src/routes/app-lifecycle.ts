@@ -293,8 +293,8 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           status: s.status,
           runtime: { replicas_running: s.runtime?.replicasRunning ?? null, hosts_unverified: s.runtime?.hostsUnverified ?? null, reason: orNull(s.runtime?.reason) },
           url: orNull(s.url),
-          http_client: null,
-          capability_probed_at: null,
+          http_client: orNull(s.httpClient),
+          capability_probed_at: s.httpClient ? orNull(s.capabilityProbedAt) : null,
         })),
       };
     },

@@ -352,6 +352,8 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               reason: v.runtime.reason ?? undefined,
             },
             url: urls.get(v.name) ?? undefined,
+            httpClient: v.http_client ?? undefined,
+            capabilityProbedAt: v.capability_probed_at ?? undefined,
           })),
         };
       },

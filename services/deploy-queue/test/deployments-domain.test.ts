@@ -232,17 +232,17 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
 
   it("a static service is edge, with an empty runtime", () => {
     const [view] = servicesStatus({ ...target, isStatic: true }, ["site"], [agent("h1", secondsAgo(5), [])], now);
-    expect(view).toEqual({ name: "site", status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null } });
+    expect(view).toEqual({ name: "site", status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null }, http_client: null, capability_probed_at: null });
   });
 
   it("is running when a live host reports a replica; replicas_running counts hosts, not containers", () => {
     const view = one([agent("h1", secondsAgo(5), [running("web", 3)]), agent("h2", secondsAgo(10), [running("web", 2)]), agent("h3", secondsAgo(10), [])]);
-    expect(view).toEqual({ name: "web", status: "running", runtime: { replicas_running: 2, hosts_unverified: 0, reason: null } });
+    expect(view).toEqual({ name: "web", status: "running", runtime: { replicas_running: 2, hosts_unverified: 0, reason: null }, http_client: null, capability_probed_at: null });
   });
 
   it("is running on one current report even while another host is silent, which it counts as unverified", () => {
     const view = one([agent("h1", secondsAgo(5), [running("web")]), agent("h2", secondsAgo(120), [])]);
-    expect(view).toEqual({ name: "web", status: "running", runtime: { replicas_running: 1, hosts_unverified: 1, reason: null } });
+    expect(view).toEqual({ name: "web", status: "running", runtime: { replicas_running: 1, hosts_unverified: 1, reason: null }, http_client: null, capability_probed_at: null });
   });
 
   it("only counts reports of this group, app, branch and service with a replica up", () => {
@@ -258,24 +258,24 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
 
   it("is not_running only when every known host is live, sent its inventory and none reports the service", () => {
     const view = one([agent("h1", secondsAgo(5), []), agent("h2", secondsAgo(30), [running("worker")])]);
-    expect(view).toEqual({ name: "web", status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null } });
+    expect(view).toEqual({ name: "web", status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null }, http_client: null, capability_probed_at: null });
   });
 
   it("is unknown with no_alive_agents when no host is live", () => {
     expect(one([])).toMatchObject({ status: "unknown", runtime: { replicas_running: null, hosts_unverified: 0, reason: "no_alive_agents" } });
     // A silent host's last inventory is not a current report.
     const view = one([agent("h1", secondsAgo(61), [running("web")])]);
-    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: null, hosts_unverified: 1, reason: "no_alive_agents" } });
+    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: null, hosts_unverified: 1, reason: "no_alive_agents" }, http_client: null, capability_probed_at: null });
   });
 
   it("is unknown with inventory_stale when a live host sent no inventory", () => {
     const view = one([agent("h1", secondsAgo(5), []), agent("h2", secondsAgo(5))]);
-    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: 0, hosts_unverified: 0, reason: "inventory_stale" } });
+    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: 0, hosts_unverified: 0, reason: "inventory_stale" }, http_client: null, capability_probed_at: null });
   });
 
   it("is unknown with host_silent when a known host is silent (the service may run there unseen)", () => {
     const view = one([agent("h1", secondsAgo(5), []), agent("h2", secondsAgo(600), [])]);
-    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: 0, hosts_unverified: 1, reason: "host_silent" } });
+    expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: 0, hosts_unverified: 1, reason: "host_silent" }, http_client: null, capability_probed_at: null });
   });
 
   it("reports inventory_stale before host_silent when both apply", () => {
@@ -290,6 +290,20 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
     expect(one([agent("h1", secondsAgo(5), []), recent])).toMatchObject({ status: "unknown", runtime: { hosts_unverified: 1, reason: "host_silent" } });
     // With only forgotten hosts there is no live agent.
     expect(one([gone]).runtime).toEqual({ replicas_running: null, hosts_unverified: 0, reason: "no_alive_agents" });
+  });
+
+  it("says which HTTP client a running replica can run, as the latest probe among its hosts found", () => {
+    const probed = (client: string, at: string) => ({ http_client: client, capability_probed_at: at });
+    const view = one([
+      agent("h1", secondsAgo(5), [running("web", 1, probed("node", "2026-11-20T10:00:00.000Z"))]),
+      agent("h2", secondsAgo(5), [running("web", 1, probed("curl", "2026-11-20T11:00:00.000Z"))]),
+      // Not running the service: what it found does not count.
+      agent("h3", secondsAgo(5), [running("web", 0, probed("python3", "2026-11-20T12:00:00.000Z"))]),
+    ]);
+    expect(view).toMatchObject({ status: "running", http_client: "curl", capability_probed_at: "2026-11-20T11:00:00.000Z" });
+    // Nothing probed (a docker host), or a value outside the vocabulary: null, and so is the time.
+    expect(one([agent("h1", secondsAgo(5), [running("web", 1, { http_client: null, capability_probed_at: null })])])).toMatchObject({ http_client: null, capability_probed_at: null });
+    expect(one([agent("h1", secondsAgo(5), [running("web", 1, probed("wget", "2026-11-20T10:00:00.000Z"))])])).toMatchObject({ http_client: null, capability_probed_at: null });
   });
 
   it("answers one view per service, in the order asked", () => {

@@ -30,6 +30,10 @@ export interface ServiceStatusView {
   name: string;
   status: "running" | "not_running" | "unknown" | "edge";
   runtime: ServiceRuntime;
+  /** Advisory: the HTTP client a running replica can run, as its host last probed it. */
+  http_client: string | null;
+  /** Null whenever http_client is. */
+  capability_probed_at: string | null;
 }
 
 /** One line of an agent's heartbeat inventory (agent/src/heartbeat.ts). */
@@ -39,6 +43,20 @@ export interface InventoryEntry {
   branch?: unknown;
   service?: unknown;
   replicas_running?: unknown;
+  http_client?: unknown;
+  capability_probed_at?: unknown;
+}
+
+const HTTP_CLIENTS = new Set(["curl", "python3", "node", "none"]);
+
+/** The most recent probe among the hosts running the service. */
+function capabilityOf(lines: InventoryEntry[]): Pick<ServiceStatusView, "http_client" | "capability_probed_at"> {
+  let best: { client: string; at: string } | null = null;
+  for (const e of lines) {
+    if (typeof e.http_client !== "string" || !HTTP_CLIENTS.has(e.http_client) || typeof e.capability_probed_at !== "string") continue;
+    if (!best || e.capability_probed_at > best.at) best = { client: e.http_client, at: e.capability_probed_at };
+  }
+  return best ? { http_client: best.client, capability_probed_at: best.at } : { http_client: null, capability_probed_at: null };
 }
 
 /** Whether an inventory line reports `service` of the app branch. */
@@ -56,16 +74,18 @@ export function servicesStatus(
   const live = known.filter((a) => isLive(a.lastSeen, now));
   const silent = known.length - live.length;
   const inventories = live.map((a) => (Array.isArray(a.facts.inventory) ? (a.facts.inventory as InventoryEntry[]) : null));
+  const none = { http_client: null, capability_probed_at: null };
   return services.map((name) => {
-    if (target.isStatic) return { name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null } };
+    if (target.isStatic) return { name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null }, ...none };
+    const runningLines = inventories.flatMap((inv) => inv?.filter((e) => reportsService(e, target, name) && Number(e.replicas_running) > 0) ?? []);
     const hostsRunning = inventories.filter((inv) =>
       inv?.some((e) => reportsService(e, target, name) && Number(e.replicas_running) > 0),
     ).length;
-    const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason } });
-    if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null } };
-    if (live.length === 0) return { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: silent, reason: "no_alive_agents" } };
+    const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason }, ...none });
+    if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null }, ...capabilityOf(runningLines) };
+    if (live.length === 0) return { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: silent, reason: "no_alive_agents" }, ...none };
     if (inventories.some((inv) => inv === null)) return unknown("inventory_stale");
     if (silent > 0) return unknown("host_silent");
-    return { name, status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null } };
+    return { name, status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null }, ...none };
   });
 }
