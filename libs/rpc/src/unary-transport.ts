@@ -15,6 +15,7 @@ import { codeFromHttpStatus, errorFromJsonBytes } from "@connectrpc/connect/prot
 
 const { HTTP2_HEADER_STATUS, HTTP2_HEADER_CONTENT_TYPE } = http2.constants;
 const TRAILER_PREFIX = "trailer-";
+const PING_TIMEOUT_MS = 2_000;
 
 export interface UnaryTransportOptions {
   baseUrl: string;
@@ -55,6 +56,30 @@ export class UnaryTransport implements Transport {
     session.unref();
     this.#session = session;
     return session;
+  }
+
+  /**
+   * After a call timed out: a session whose peer went away without closing it (a host gone from
+   * the network) would time every later call out too. It must answer a ping within
+   * PING_TIMEOUT_MS, or it is dropped and the next call connects again.
+   */
+  #checkAlive(session: http2.ClientHttp2Session): void {
+    if (session.destroyed || session.closed) return;
+    const drop = () => {
+      if (this.#session === session) this.#session = null;
+      session.destroy();
+    };
+    const timer = setTimeout(drop, PING_TIMEOUT_MS);
+    timer.unref();
+    try {
+      session.ping((err) => {
+        clearTimeout(timer);
+        if (err) drop();
+      });
+    } catch {
+      clearTimeout(timer);
+      drop();
+    }
   }
 
   unary<I extends DescMessage, O extends DescMessage>(
@@ -116,7 +141,10 @@ export class UnaryTransport implements Transport {
           if (!stream.destroyed) stream.close(http2.constants.NGHTTP2_CANCEL);
           reject(err);
         });
-      const timer = setTimeout(() => fail(new ConnectError("the operation timed out", Code.DeadlineExceeded)), timeoutMs);
+      const timer = setTimeout(() => {
+        fail(new ConnectError("the operation timed out", Code.DeadlineExceeded));
+        this.#checkAlive(session);
+      }, timeoutMs);
       const onAbort = () => fail(ConnectError.from(signal?.reason, Code.Canceled));
       signal?.addEventListener("abort", onAbort, { once: true });
 

@@ -255,6 +255,39 @@ describe("the RPC server", () => {
     expect(platformErrorOf(new Error("not an rpc error"))).toBeNull();
   });
 
+  it("drops a session whose peer stopped answering after a call timed out, and connects again", async () => {
+    // A relay that can silence the connections it carries without closing them: a host gone
+    // from the network, whose sockets nobody resets.
+    const silenced = new Set<net.Socket>();
+    const relay = net.createServer((downstream) => {
+      const upstream = net.connect(server.port, "127.0.0.1");
+      const pass = (from: net.Socket, to: net.Socket) => from.on("data", (chunk) => !silenced.has(downstream) && to.write(chunk));
+      pass(downstream, upstream);
+      pass(upstream, downstream);
+      const end = () => {
+        downstream.destroy();
+        upstream.destroy();
+      };
+      downstream.on("error", end).on("close", end);
+      upstream.on("error", end).on("close", end);
+      connections.add(downstream);
+    });
+    const connections = new Set<net.Socket>();
+    await new Promise<void>((resolve) => relay.listen(0, "127.0.0.1", resolve));
+    try {
+      const client = createServiceClient(HooksService, `http://127.0.0.1:${(relay.address() as net.AddressInfo).port}`, { timeoutMs: 300 });
+      expect((await client.readiness({})).ready).toBe(true);
+      for (const c of connections) silenced.add(c);
+      expect(platformErrorOf(await thrown(() => client.readiness({})))!.status).toBe(504);
+      // The session did not answer its ping: the next call opens a new connection, which works.
+      await expect.poll(async () => (await client.readiness({}).catch(() => null))?.ready ?? false, { timeout: 8_000, interval: 500 }).toBe(true);
+      expect(connections.size).toBe(2);
+    } finally {
+      for (const c of connections) c.destroy();
+      await new Promise<void>((resolve) => relay.close(() => resolve()));
+    }
+  });
+
   it("continues the caller's trace: the server span is the child of the client span", async () => {
     const client = createServiceClient(HooksService, base);
     const root = await testTracer.startActiveSpan("GET /api/health", async (span) => {
