@@ -234,7 +234,9 @@ describe("cancel", () => {
     const deployId = await waitFor(
       async () =>
         (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
-          (d: any) => d.image_tag === b.body.tag && ["swap_committed", "drain"].includes(d.phase) && d.status === "in_progress",
+          (d: any) =>
+            d.image_tag === b.body.tag &&
+            ((d.phase === "swap_committed" && d.status === "in_progress") || (d.phase === "drain" && d.status === "running")),
         )?.id,
       (id) => !!id,
       120_000,

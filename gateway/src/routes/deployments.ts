@@ -45,7 +45,14 @@ const deploymentProperties = {
   app_name: { type: "string" },
   branch: { type: "string" },
   image_tag: nullable,
-  status: { type: "string", enum: DEPLOYMENT_STATUSES },
+  status: {
+    type: "string",
+    enum: DEPLOYMENT_STATUSES,
+    description:
+      "queued; setup_in_progress (the agent fetches, starts and health-checks the new colour); ready_to_deploy (its checks passed); " +
+      "in_progress (the swap is committed, the route moves); running (the new release serves while the old colour drains); " +
+      "completed, failed or cancelled once finished. An undeploy in flight is undeploying.",
+  },
   phase: { ...nullable, description: "The agent's phase: setup, start, health_check, ready, swap_committed, drain." },
   previous_tag: { ...nullable, description: "The tag that served when the deployment was queued." },
   action_type: { type: "string", enum: ["DEPLOY", "RETRY", "UNDEPLOY"] },

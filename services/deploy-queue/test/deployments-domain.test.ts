@@ -38,10 +38,10 @@ describe("deployment status (doc 1 section 3.2)", () => {
     for (const phase of [null, "setup", "start", "health_check", "health_check:web"]) expect(deploy("in_progress", phase)).toBe("setup_in_progress");
   });
 
-  it("is ready_to_deploy once its checks passed, and in_progress from the swap commit through the drain", () => {
+  it("is ready_to_deploy once its checks passed, in_progress at the swap commit, running while the old colour drains", () => {
     expect(deploy("in_progress", "ready")).toBe("ready_to_deploy");
     expect(deploy("in_progress", SWAP_COMMIT_PHASE)).toBe("in_progress");
-    expect(deploy("in_progress", "drain")).toBe("in_progress");
+    expect(deploy("in_progress", "drain")).toBe("running");
   });
 
   it("follows the same phases for a RETRY", () => {

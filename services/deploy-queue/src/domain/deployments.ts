@@ -4,8 +4,8 @@
  *
  * Status (3.2) follows the action and the phase the agent reports:
  * queued → setup_in_progress (fetch, start, health checks) → ready_to_deploy (checks passed) →
- * in_progress (swap committed, old colour draining) → completed | failed | cancelled; an
- * UNDEPLOY in flight is `undeploying`.
+ * in_progress (the swap committed, the route moving) → running (the new release serves, the old
+ * colour drains) → completed | failed | cancelled; an UNDEPLOY in flight is `undeploying`.
  */
 import { randomUUID } from "node:crypto";
 import type { Caller } from "@platform/caller";
@@ -28,7 +28,8 @@ export function deploymentStatus(a: Pick<Action, "actionType" | "status" | "phas
   if (a.status !== "in_progress") return a.status;
   if (a.actionType === "UNDEPLOY") return "undeploying";
   if (a.phase === "ready") return "ready_to_deploy";
-  if (a.phase === SWAP_COMMIT_PHASE || a.phase === "drain") return "in_progress";
+  if (a.phase === SWAP_COMMIT_PHASE) return "in_progress";
+  if (a.phase === "drain") return "running";
   return "setup_in_progress";
 }
 
