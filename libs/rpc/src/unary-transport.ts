@@ -31,7 +31,8 @@ export class UnaryTransport implements Transport {
   readonly #defaultTimeoutMs: number;
   readonly #around: NonNullable<UnaryTransportOptions["around"]>;
   #session: http2.ClientHttp2Session | null = null;
-  #inFlight = 0;
+  /** Calls in flight per session: a session holds the process open only while it has some. */
+  readonly #inFlight = new WeakMap<http2.ClientHttp2Session, number>();
 
   constructor(opts: UnaryTransportOptions) {
     const url = new URL(opts.baseUrl);
@@ -126,14 +127,18 @@ export class UnaryTransport implements Transport {
         reject(new ConnectError(`connecting to ${this.#origin}: ${err instanceof Error ? err.message : String(err)}`, Code.Unavailable));
         return;
       }
-      if (this.#inFlight++ === 0) session.ref();
+      const calls = this.#inFlight.get(session) ?? 0;
+      this.#inFlight.set(session, calls + 1);
+      if (calls === 0) session.ref();
       let settled = false;
       const settle = (fn: () => void) => {
         if (settled) return;
         settled = true;
         clearTimeout(timer);
         signal?.removeEventListener("abort", onAbort);
-        if (--this.#inFlight === 0) session.unref();
+        const left = (this.#inFlight.get(session) ?? 1) - 1;
+        this.#inFlight.set(session, left);
+        if (left === 0) session.unref();
         fn();
       };
       const fail = (err: ConnectError) =>
