@@ -14,7 +14,7 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 import type { Logger } from "@platform/logger";
-import { claimEvent, claimEvents, sqlPool, type MikroORM, type EntityManager } from "@platform/db";
+import { claimEvents, sqlPool, type MikroORM, type EntityManager } from "@platform/db";
 import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
 import { events, streams, type StreamDeclaration } from "./subjects.ts";
 
@@ -360,6 +360,27 @@ async function consumeDurably(opts: Omit<ConsumerOptions, "handle">, take: (msg:
   };
 }
 
+/** A message that is an outbox event, parsed once. */
+export interface ReceivedEvent {
+  msg: JsMsg;
+  event: EventEnvelope;
+}
+
+/**
+ * The outbox events among `msgs`, each parsed once. A message that is not one (no event id) is
+ * terminated: redelivering it would never make it one. (No reason text: nats-server 2.9 ignores
+ * a +TERM that carries one.)
+ */
+export function receivedEvents(msgs: JsMsg[]): ReceivedEvent[] {
+  const out: ReceivedEvent[] = [];
+  for (const msg of msgs) {
+    const event = msg.json<EventEnvelope>();
+    if (typeof event.id === "string" && event.id) out.push({ msg, event });
+    else msg.term();
+  }
+  return out;
+}
+
 /**
  * Runs `handle` at most once per event id for `consumer`: the ledger row and the handler's
  * writes commit together, so a redelivered or duplicated message is acknowledged and dropped.
@@ -370,37 +391,21 @@ export async function handleOnce(
   msg: JsMsg,
   handle: (em: EntityManager, event: EventEnvelope) => Promise<void>,
 ): Promise<boolean> {
-  const event = msg.json<EventEnvelope>();
-  if (typeof event.id !== "string" || !event.id) {
-    // Not an outbox event: redelivering it would never make it one.
-    // No reason text: nats-server 2.9 ignores a +TERM that carries one.
-    msg.term();
-    return false;
-  }
-  return orm.em.fork().transactional(async (em) => {
-    if (!(await claimEvent(em, consumer, event.id))) return false;
-    await handle(em, event);
-    return true;
-  });
+  const events = receivedEvents([msg]).map((r) => r.event);
+  return (await handleBatchOnce(orm, consumer, events, (em, [event]) => handle(em, event!))).length > 0;
 }
 
 /**
  * `handleOnce` for a batch: one transaction records every event id and runs `handle` with the
  * events not handled before (none is lost: the ledger rows and the handler's writes commit
- * together). A message that is not an outbox event is terminated, as in `handleOnce`.
+ * together). Answers the events handled now.
  */
 export async function handleBatchOnce(
   orm: MikroORM,
   consumer: string,
-  msgs: JsMsg[],
+  events: EventEnvelope[],
   handle: (em: EntityManager, events: EventEnvelope[]) => Promise<void>,
 ): Promise<EventEnvelope[]> {
-  const events: EventEnvelope[] = [];
-  for (const msg of msgs) {
-    const event = msg.json<EventEnvelope>();
-    if (typeof event.id === "string" && event.id) events.push(event);
-    else msg.term();
-  }
   if (events.length === 0) return [];
   return orm.em.fork().transactional(async (em) => {
     const fresh = await claimEvents(em, consumer, events.map((e) => e.id));

@@ -11,6 +11,7 @@ import {
   connectBus,
   handleBatchOnce,
   handleOnce,
+  receivedEvents,
   LEDGER_RETENTION_MS,
   pruneLedger,
   runBatchConsumer,
@@ -100,6 +101,8 @@ async function countOn(subject: string): Promise<number> {
   const info = await bus.jsm.streams.info(streamName, { subjects_filter: full });
   return info.state.subjects?.[full] ?? 0;
 }
+
+const eventsIn = (msgs: JsMsg[]) => receivedEvents(msgs).map((r) => r.event);
 
 /** Whether the event's row is still in the outbox, waiting to be published. */
 async function pending(id: string): Promise<boolean> {
@@ -357,7 +360,7 @@ describe("batch consumers", () => {
       "burst",
       s,
       async (msgs) => {
-        const handled = await handleBatchOnce(orm, "burst", msgs, async () => {
+        const handled = await handleBatchOnce(orm, "burst", eventsIn(msgs), async () => {
           // Slow enough that the rest of the burst arrives while this batch is handled.
           await new Promise((r) => setTimeout(r, 30));
         });
@@ -387,7 +390,7 @@ describe("batch consumers", () => {
     const s = "events.test.batch_once";
     const handled: string[] = [];
     await batchConsumer("batch-once", s, async (msgs) => {
-      const done = await handleBatchOnce(orm, "batch-once", msgs, async (em, events) => {
+      const done = await handleBatchOnce(orm, "batch-once", eventsIn(msgs), async (em, events) => {
         for (const e of events) enqueueEvent(em, "events.test.batch_once_followup", { about: e.id });
       });
       // Counted once their transaction (the follow-up events included) has committed.
@@ -413,7 +416,7 @@ describe("batch consumers", () => {
     const handled: string[] = [];
     let poisonAttempts = 0;
     await batchConsumer("batch-poison", s, async (msgs) => {
-      const done = await handleBatchOnce(orm, "batch-poison", msgs, async (_em, events) => {
+      const done = await handleBatchOnce(orm, "batch-poison", eventsIn(msgs), async (_em, events) => {
         if (events.some((e) => e.id === "poison") && poisonAttempts++ < 2) throw new Error("cannot handle poison yet");
       });
       // Counted once their transaction (ledger rows included) has committed.

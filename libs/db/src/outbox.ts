@@ -109,15 +109,7 @@ export function outboxEvent(subject: string, payload: Record<string, unknown>): 
  * means it was handled before: the caller acknowledges and does nothing.
  */
 export async function claimEvent(em: EntityManager, consumer: string, eventId: string): Promise<boolean> {
-  const rows = await em
-    .getConnection()
-    .execute<{ event_id: string }[]>(
-      "insert into processed_events (consumer, event_id) values (?, ?) on conflict do nothing returning event_id",
-      [consumer, eventId],
-      "all",
-      em.getTransactionContext(),
-    );
-  return rows.length > 0;
+  return (await claimEvents(em, consumer, [eventId])).has(eventId);
 }
 
 /**

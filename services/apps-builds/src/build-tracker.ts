@@ -3,7 +3,7 @@
  * reflect what the queue and the agent did. Idempotent per event; a burst of updates is applied
  * in one transaction.
  */
-import { handleBatchOnce, runBatchConsumer, subjects, type RunningConsumer } from "@platform/bus";
+import { handleBatchOnce, receivedEvents, runBatchConsumer, subjects, type RunningConsumer } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { applyActionUpdates, type ActionUpdate } from "./domain/builds.ts";
 import { buildRowsWritten } from "./domain/releases.ts";
@@ -17,10 +17,11 @@ export function startBuildTracker(ctx: ServiceContext): Promise<RunningConsumer>
     filterSubject: bus.subject(subjects.events.actionUpdated),
     logger: ctx.logger,
     async handleBatch(msgs) {
-      const applied = await handleBatchOnce(ctx.orm, "apps-builds.action-updates", msgs, async (em, events) => {
+      const events = receivedEvents(msgs).map((r) => r.event);
+      const applied = await handleBatchOnce(ctx.orm, "apps-builds.action-updates", events, async (em, todo) => {
         await applyActionUpdates(
           em,
-          events.map((e) => e.data as unknown as ActionUpdate),
+          todo.map((e) => e.data as unknown as ActionUpdate),
         );
       });
       if (applied.length > 0) buildRowsWritten.notify();

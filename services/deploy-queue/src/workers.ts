@@ -4,7 +4,7 @@
  * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
  * of silent agents, pruning of terminal rows).
  */
-import { handleBatchOnce, runBatchConsumer, subjects, traceHeaders, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
+import { handleBatchOnce, receivedEvents, runBatchConsumer, subjects, traceHeaders, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import { sqlPool, type EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
@@ -64,25 +64,24 @@ function startIntake<T>(
     filterSubject: bus.subject(opts.subject),
     logger: ctx.logger,
     async handleBatch(msgs) {
-      const wellFormed: JsMsg[] = [];
-      // Each event is parsed once; a message whose envelope has no id is terminated by handleBatchOnce.
+      const events: EventEnvelope[] = [];
       const parsed = new Map<string, T>();
-      for (const msg of msgs) {
+      for (const { msg, event } of receivedEvents(msgs)) {
         try {
-          const envelope = msg.json<EventEnvelope>();
-          parsed.set(envelope.id, opts.parse(envelope.data ?? {}));
-          wellFormed.push(msg);
+          parsed.set(event.id, opts.parse(event.data ?? {}));
+          events.push(event);
         } catch (err) {
           ctx.logger.error({ err, subject: msg.subject }, "malformed event dropped");
-          msg.term("malformed event");
+          // No reason text: nats-server 2.9 ignores a +TERM that carries one.
+          msg.term();
         }
       }
       const dispatched: Dispatched[] = [];
-      const handled = await handleBatchOnce(ctx.orm, opts.ledger, wellFormed, async (em, events) => {
+      const handled = await handleBatchOnce(ctx.orm, opts.ledger, events, async (em, todo) => {
         dispatched.length = 0;
         await opts.accept(
           em,
-          events.map((e) => parsed.get(e.id)!),
+          todo.map((e) => parsed.get(e.id)!),
           dispatched,
         );
       });
