@@ -170,23 +170,16 @@ const coalescers = new WeakMap<SqlPool, Coalescer<BuildWrite, boolean>>();
 function buildWriter(db: SqlPool): Coalescer<BuildWrite, boolean> {
   let writer = coalescers.get(db);
   if (!writer) {
-    const one = (w: BuildWrite): Promise<Settled<boolean>> =>
-      insertBuilds(db, [w]).then(
-        (ids) => ({ ok: true, value: ids.has(w.row.id) }),
-        (error: unknown) => ({ ok: false, error }),
-      );
-    writer = new Coalescer<BuildWrite, boolean>(
-      async (writes) => {
-        if (writes.length === 1) return [await one(writes[0]!)];
-        try {
-          const ids = await insertBuilds(db, writes);
-          return writes.map((w) => ({ ok: true, value: ids.has(w.row.id) }));
-        } catch {
-          return Promise.all(writes.map(one));
-        }
-      },
-      { maxBatch: 64, maxInFlight: 2 },
-    );
+    const write = async (writes: BuildWrite[]): Promise<Settled<boolean>[]> => {
+      try {
+        const ids = await insertBuilds(db, writes);
+        return writes.map((w) => ({ ok: true, value: ids.has(w.row.id) }));
+      } catch (error) {
+        if (writes.length === 1) return [{ ok: false, error }];
+        return (await Promise.all(writes.map((w) => write([w])))).flat();
+      }
+    };
+    writer = new Coalescer(write, { maxBatch: 64, maxInFlight: 2 });
     coalescers.set(db, writer);
   }
   return writer;
