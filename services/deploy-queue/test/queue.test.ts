@@ -123,12 +123,14 @@ afterAll(async () => {
 
 describe("build_requested", () => {
   it("creates the BUILD (id = build id) and its dependent DEPLOY, dispatched to work.any when no agent is live", async () => {
-    const req = buildRequest({ commit_message: "Fix the thing", commit_author: "Ada" });
+    // Quotes, a backslash, a placeholder character and a line break come through the one statement intact.
+    const message = `Fix the "thing" it's C:\\temp? ok\nsecond line ✓`;
+    const req = buildRequest({ commit_message: message, commit_author: "Ada O'Neil" });
     await publishBuildRequested(randomUUID(), req);
     await expect.poll(() => service.ctx.read((em) => em.count(Action, { id: { $in: [req.build_id, req.deploy_action_id!] } })), { timeout: 10_000 }).toBe(2);
 
     const b = await row(req.build_id);
-    expect(b).toMatchObject({ actionType: "BUILD", status: "queued", groupSlug: "acme", appName: req.app_name, imageTag: req.tag, dependsOn: null, autoDeploy: true, dispatchedTo: null, commitMessage: "Fix the thing" });
+    expect(b).toMatchObject({ actionType: "BUILD", status: "queued", groupSlug: "acme", appName: req.app_name, imageTag: req.tag, dependsOn: null, autoDeploy: true, dispatchedTo: null, commitMessage: message, commitAuthor: "Ada O'Neil" });
     expect(b.payload).toEqual({ build_id: req.build_id, repository: req.repository, branch: "main", config_path: "platform.yaml", tag: req.tag, app_name: req.app_name, group_slug: "acme", auto_deploy: true });
     const d = await row(req.deploy_action_id!);
     expect(d).toMatchObject({ actionType: "DEPLOY", status: "queued", dependsOn: req.build_id, imageTag: req.tag, dispatchedTo: null });

@@ -34,7 +34,29 @@ export interface ActionUpdated {
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : null);
 
-export function actionUpdated(action: Action, now: Date): ActionUpdated {
+/** What an announcement reads of an action: an entity, or a row written with SQL of its own. */
+export type AnnouncedAction = Pick<
+  Action,
+  | "id"
+  | "actionType"
+  | "status"
+  | "phase"
+  | "errorMessage"
+  | "result"
+  | "appName"
+  | "branch"
+  | "groupSlug"
+  | "claimedAt"
+  | "completedAt"
+  | "claimedBy"
+  | "dependsOn"
+  | "cancelRequested"
+  | "admissionCheckReason"
+  | "imageTag"
+  | "payload"
+>;
+
+export function actionUpdated(action: AnnouncedAction, now: Date): ActionUpdated {
   return {
     action_id: action.id,
     action_type: action.actionType,

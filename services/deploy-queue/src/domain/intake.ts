@@ -4,10 +4,10 @@
  * that depends on it. Both are dispatched in the same transaction; the DEPLOY's claim is refused
  * until its BUILD completes.
  */
-import type { EntityManager } from "@platform/db";
-import { Action } from "../entities/index.ts";
-import { announce } from "./events.ts";
-import { agentLoads, dispatch, type Dispatched } from "./placement.ts";
+import { subjects } from "@platform/bus";
+import { outboxEvent, type EntityManager, type OutboxRow } from "@platform/db";
+import { actionUpdated, type AnnouncedAction } from "./events.ts";
+import { agentLoads, placeAction, type Dispatched } from "./placement.ts";
 
 /** The event's data, as apps-builds enqueues it. */
 export interface BuildRequested {
@@ -60,40 +60,124 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
 }
 
 /**
+ * A queued action as intake writes it: a plain row, not an ORM entity, since intake is the
+ * queue's hottest write (every POST /api/builds) and the unit of work cost more than the insert.
+ */
+export interface NewAction extends AnnouncedAction {
+  dependsOn: string | null;
+  autoDeploy: boolean;
+  commitMessage: string | null;
+  commitAuthor: string | null;
+  createdBy: string;
+  dispatchedTo: string | null;
+  dispatchedAt: Date | null;
+  retryCount: number;
+}
+
+/**
  * Creates and dispatches the actions of a build request. Idempotent on the build id as well as
  * on the event id (the consumer's ledger): an existing BUILD action means nothing to do. The work
  * messages enqueued are added to `dispatched` (see publishDispatched).
  */
-export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date, dispatched?: Dispatched[]): Promise<Action[]> {
+export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date, dispatched?: Dispatched[]): Promise<NewAction[]> {
   return acceptBuildRequests(em, [req], now, dispatched);
 }
 
 /**
- * `acceptBuildRequest` for the requests of one batch of events: one read of what exists and of
- * the agents' loads for all of them, placement kept up to date as each is dispatched.
+ * `acceptBuildRequest` for the requests of one batch of events: one read of the agents' loads and
+ * one statement writing every action and outbox event of the batch, placement kept up to date as
+ * each action is placed.
  */
-export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequested[], now: Date, dispatched?: Dispatched[]): Promise<Action[]> {
+export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequested[], now: Date, dispatched?: Dispatched[]): Promise<NewAction[]> {
   if (reqs.length === 0) return [];
-  const existing = await em.find(Action, { id: { $in: reqs.map((r) => r.build_id) } }, { fields: ["id"] });
-  const seen = new Set(existing.map((a) => a.id));
   const loads = await agentLoads(em, now);
-  const created: Action[] = [];
+  const actions: NewAction[] = [];
+  const events: QueuedEvent[] = [];
+  const work: Dispatched[] = [];
+  const seen = new Set<string>();
+  const enqueue = (action: NewAction, subject: string, payload: Record<string, unknown>) => {
+    const event = outboxEvent(subject, payload);
+    events.push({ ...event, actionId: action.id });
+    return event.id;
+  };
   for (const req of reqs) {
     if (seen.has(req.build_id)) continue;
     seen.add(req.build_id);
-    const actions = newBuildActions(em, req, now);
-    const buildHost = await dispatch(em, actions[0]!, now, { loads, dispatched });
-    for (const action of actions.slice(1)) await dispatch(em, action, now, { loads, preferHost: buildHost, dispatched });
+    const [build, ...dependents] = newBuildActions(req, now);
+    let buildHost: string | null = null;
+    for (const action of [build!, ...dependents]) {
+      const placed = placeAction(action, now, loads, action === build ? null : buildHost);
+      if (action === build) buildHost = placed.hostId;
+      work.push({ eventId: enqueue(action, placed.subject, { ...placed.message }), subject: placed.subject, message: placed.message });
+      actions.push(action);
+    }
     // The BUILD is not announced: its queued state is what apps-builds wrote in the builds row
     // when it asked for it. The DEPLOY is news to the app's last_deploy_* fields.
-    for (const action of actions.slice(1)) announce(em, action, now);
-    created.push(...actions);
+    for (const action of dependents) enqueue(action, subjects.events.actionUpdated, { ...actionUpdated(action, now) });
   }
-  return created;
+  const created = await insertActions(em, actions, events, now);
+  dispatched?.push(...work.filter((w) => created.has(w.message.action_id)));
+  return actions.filter((a) => created.has(a.id));
+}
+
+/** An outbox event of an action: written only if its action is. */
+interface QueuedEvent extends OutboxRow {
+  actionId: string;
+}
+
+const ACTION_COLUMNS = `id, action_type, status, group_slug, app_name, branch, image_tag, commit_message, commit_author, depends_on, auto_deploy,
+  deploy_warnings, payload, dispatched_to, dispatched_at, created_by, created_at, updated_at`;
+const ACTION_VALUES = `i.id, i.action_type, 'queued', i.group_slug, i.app_name, i.branch, i.image_tag, i.commit_message, i.commit_author, i.depends_on,
+  i.auto_deploy, '[]'::jsonb, i.payload, i.dispatched_to, i.now, i.created_by, i.now, i.now`;
+
+/**
+ * New actions in one statement: a BUILD that exists already (a request seen before under another
+ * event) is skipped with its dependents, and an event is written only with its action. Rows go as
+ * one JSON document each way (jsonb_to_recordset), a single parameter however many there are.
+ */
+const INSERT_ACTIONS = `with input as (
+    select i.*, ?::timestamptz as now from jsonb_to_recordset(?::jsonb)
+      as i(id uuid, action_type text, group_slug text, app_name text, branch text, image_tag text, commit_message text, commit_author text,
+           depends_on uuid, auto_deploy boolean, payload jsonb, dispatched_to text, created_by text)),
+  roots as (
+    insert into actions (${ACTION_COLUMNS}) select ${ACTION_VALUES} from input i where i.depends_on is null
+    on conflict (id) do nothing returning id),
+  dependents as (
+    insert into actions (${ACTION_COLUMNS}) select ${ACTION_VALUES} from input i join roots r on r.id = i.depends_on
+    on conflict (id) do nothing returning id),
+  created as (select id from roots union all select id from dependents),
+  events as (
+    insert into outbox (id, subject, payload, headers)
+    select e.id, e.subject, e.payload, e.headers
+    from jsonb_to_recordset(?::jsonb) as e(id uuid, action_id uuid, subject text, payload jsonb, headers jsonb)
+    join created c on c.id = e.action_id)
+  select id from created`;
+
+async function insertActions(em: EntityManager, actions: NewAction[], events: QueuedEvent[], now: Date): Promise<Set<string>> {
+  const rows = actions.map((a) => ({
+    id: a.id,
+    action_type: a.actionType,
+    group_slug: a.groupSlug,
+    app_name: a.appName,
+    branch: a.branch,
+    image_tag: a.imageTag,
+    commit_message: a.commitMessage,
+    commit_author: a.commitAuthor,
+    depends_on: a.dependsOn,
+    auto_deploy: a.autoDeploy,
+    payload: a.payload,
+    dispatched_to: a.dispatchedTo,
+    created_by: a.createdBy,
+  }));
+  const outbox = events.map((e) => ({ id: e.id, action_id: e.actionId, subject: e.subject, payload: e.payload, headers: e.headers }));
+  const created = await em
+    .getConnection()
+    .execute<{ id: string }[]>(INSERT_ACTIONS, [now, JSON.stringify(rows), JSON.stringify(outbox)], "all", em.getTransactionContext());
+  return new Set(created.map((r) => r.id));
 }
 
 /** The BUILD action of a request and, with auto-deploy, the DEPLOY that waits for it. */
-function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Action[] {
+function newBuildActions(req: BuildRequested, now: Date): NewAction[] {
   const common = {
     groupSlug: req.group_slug,
     appName: req.app_name,
@@ -102,16 +186,25 @@ function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Act
     commitMessage: req.commit_message ?? null,
     commitAuthor: req.commit_author ?? null,
     autoDeploy: req.auto_deploy,
-    deployWarnings: [],
     status: "queued",
+    phase: null,
+    errorMessage: null,
+    result: null,
+    claimedAt: null,
+    claimedBy: null,
+    completedAt: null,
+    cancelRequested: false,
+    admissionCheckReason: null,
+    dispatchedTo: null,
+    dispatchedAt: null,
+    retryCount: 0,
     createdBy: req.created_by,
-    createdAt: now,
-    updatedAt: now,
   };
-  const build = em.create(Action, {
+  const build: NewAction = {
     ...common,
     id: req.build_id,
     actionType: "BUILD",
+    dependsOn: null,
     payload: {
       build_id: req.build_id,
       repository: req.repository,
@@ -122,9 +215,9 @@ function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Act
       group_slug: req.group_slug,
       auto_deploy: req.auto_deploy,
     },
-  });
+  };
   if (!req.auto_deploy || !req.deploy_action_id) return [build];
-  const deploy = em.create(Action, {
+  const deploy: NewAction = {
     ...common,
     id: req.deploy_action_id,
     actionType: "DEPLOY",
@@ -138,6 +231,6 @@ function newBuildActions(em: EntityManager, req: BuildRequested, now: Date): Act
       image_tag: req.tag,
       config_path: req.config_path,
     },
-  });
+  };
   return [build, deploy];
 }

@@ -72,6 +72,32 @@ export interface Dispatched {
   message: WorkMessage;
 }
 
+/** What placement decided for an action: the host (null: `work.any`) and its work message. */
+export interface Placed {
+  hostId: string | null;
+  subject: string;
+  message: WorkMessage;
+}
+
+/**
+ * Places `action` on a host and sets its dispatch fields; `loads` is updated as the action is
+ * assigned, so several actions placed in one transaction spread as they should.
+ */
+export function placeAction(
+  action: Pick<Action, "id" | "actionType" | "dispatchedAt" | "dispatchedTo" | "retryCount">,
+  now: Date,
+  loads: AgentLoad[],
+  preferHost?: string | null,
+): Placed {
+  const hostId = choosePlacement(loads, now, preferHost);
+  const load = loads.find((l) => l.hostId === hostId);
+  if (load) load.assigned += 1;
+  if (action.dispatchedAt) action.retryCount += 1;
+  action.dispatchedTo = hostId;
+  action.dispatchedAt = now;
+  return { hostId, subject: workSubject(hostId), message: { action_id: action.id, action_type: action.actionType } };
+}
+
 /**
  * Places `action` and enqueues its work message. `loads` may be passed when several actions are
  * dispatched in one transaction; they are updated as actions are assigned.
@@ -82,18 +108,10 @@ export async function dispatch(
   now: Date,
   opts: { loads?: AgentLoad[]; preferHost?: string | null; dispatched?: Dispatched[] } = {},
 ): Promise<string | null> {
-  const loads = opts.loads ?? (await agentLoads(em, now));
-  const hostId = choosePlacement(loads, now, opts.preferHost);
-  const load = loads.find((l) => l.hostId === hostId);
-  if (load) load.assigned += 1;
-  if (action.dispatchedAt) action.retryCount += 1;
-  action.dispatchedTo = hostId;
-  action.dispatchedAt = now;
-  const message: WorkMessage = { action_id: action.id, action_type: action.actionType };
-  const subject = workSubject(hostId);
-  const eventId = enqueueEvent(em, subject, { ...message });
-  opts.dispatched?.push({ eventId, subject, message });
-  return hostId;
+  const placed = placeAction(action, now, opts.loads ?? (await agentLoads(em, now)), opts.preferHost);
+  const eventId = enqueueEvent(em, placed.subject, { ...placed.message });
+  opts.dispatched?.push({ eventId, subject: placed.subject, message: placed.message });
+  return placed.hostId;
 }
 
 /** A host that has been silent this long no longer keeps the queued work dispatched to it. */
