@@ -9,7 +9,7 @@ import { LockMode } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
-import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission, type Admission, type AdmissionInput } from "./admission.ts";
+import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission, type Admission, type AdmissionInput, type DependencyState } from "./admission.ts";
 import { validHostId } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
@@ -24,74 +24,63 @@ async function lockAction(em: EntityManager, actionId: string): Promise<Action |
   return em.findOne(Action, { id: actionId }, { lockMode: LockMode.PESSIMISTIC_WRITE });
 }
 
-async function advisoryLock(em: EntityManager, key: string): Promise<void> {
-  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [key], "run", em.getTransactionContext());
+/** Transaction-scoped advisory locks, taken in the order given, in one round trip. */
+async function advisoryLocks(em: EntityManager, keys: string[]): Promise<void> {
+  const locks = keys.map(() => "pg_advisory_xact_lock(hashtext(?))").join(", ");
+  await em.getConnection().execute(`select ${locks}`, keys, "run", em.getTransactionContext());
 }
+
+/**
+ * What the gates read, in one statement: the dependency's row, an in-progress action of the app
+ * lane, the host's in-flight count and the ready actions ahead in its queue (the last two only for
+ * types with a per-host limit). A claim runs it with the row locked, so every read sees one moment.
+ */
+const ADMISSION_READS = `select
+  (select json_build_object('id', d.id, 'actionType', d.action_type, 'status', d.status) from actions d where d.id = ?::uuid) as dependency,
+  (select json_build_object('id', b.id, 'actionType', b.action_type) from actions b
+    where ? and b.status = 'in_progress' and b.group_slug = ? and b.app_name = ? and b.branch = ? and b.action_type in (?) and b.id <> ?
+    order by b.claimed_at asc limit 1) as busy,
+  (select count(*)::int from actions f where ? and f.status = 'in_progress' and f.claimed_by = ? and f.action_type = ? and f.id <> ?) as in_flight,
+  (select coalesce(json_agg(w.id order by w.priority desc, w.created_at, w.id), '[]'::json) from (
+    select x.id, x.priority, x.created_at from actions x
+      left join actions d on d.id = x.depends_on
+    where ? and x.status = 'queued' and x.action_type = ? and x.dispatched_to = ? and x.id <> ?
+      and x.last_admission_check_at > ?
+      and (x.depends_on is null or d.status = 'completed')
+      and (x.priority > ? or (x.priority = ? and (x.created_at < ? or (x.created_at = ? and x.id < ?))))
+      and not (x.action_type in (?) and exists (
+        select 1 from actions y where y.status = 'in_progress' and y.group_slug = x.group_slug
+          and y.app_name = x.app_name and y.branch = x.branch and y.action_type in (?)))
+    order by x.priority desc, x.created_at, x.id
+    limit 10) w) as ahead`;
 
 /** Everything the admission gates look at for `action` on `hostId`, read from the database. */
 export async function admissionInput(em: EntityManager, action: Action, hostId: string, now: Date): Promise<AdmissionInput> {
-  const conn = em.getConnection();
-  const tx = em.getTransactionContext();
-  const dependency = action.dependsOn ? await em.findOne(Action, { id: action.dependsOn }) : null;
-
-  let appLaneBusyWith: AdmissionInput["appLaneBusyWith"] = null;
-  if (APP_LANE_TYPES.has(action.actionType)) {
-    const busy = await em.findOne(
-      Action,
-      { status: "in_progress", groupSlug: action.groupSlug, appName: action.appName, branch: action.branch, actionType: { $in: APP_LANE }, id: { $ne: action.id } },
-      { orderBy: { claimedAt: "asc" } },
-    );
-    if (busy) appLaneBusyWith = { id: busy.id, actionType: busy.actionType };
-  }
-
-  let inFlightOnHost = 0;
-  let waitingAhead: string[] = [];
-  if (HOST_CONCURRENCY[action.actionType] !== undefined) {
-    const [row] = await conn.execute<{ n: number }[]>(
-      "select count(*)::int as n from actions where status = 'in_progress' and claimed_by = ? and action_type = ? and id <> ?",
-      [hostId, action.actionType, action.id],
-      "all",
-      tx,
-    );
-    inFlightOnHost = Number(row?.n ?? 0);
-    const ahead = await conn.execute<{ id: string }[]>(
-      `select x.id from actions x
-         left join actions d on d.id = x.depends_on
-       where x.status = 'queued' and x.action_type = ? and x.dispatched_to = ? and x.id <> ?
-         and x.last_admission_check_at > ?
-         and (x.depends_on is null or d.status = 'completed')
-         and (x.priority > ? or (x.priority = ? and (x.created_at < ? or (x.created_at = ? and x.id < ?))))
-         and not (x.action_type in (?) and exists (
-           select 1 from actions y where y.status = 'in_progress' and y.group_slug = x.group_slug
-             and y.app_name = x.app_name and y.branch = x.branch and y.action_type in (?)))
-       order by x.priority desc, x.created_at, x.id
-       limit 10`,
-      [
-        action.actionType,
-        hostId,
-        action.id,
-        new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS),
-        action.priority,
-        action.priority,
-        action.createdAt,
-        action.createdAt,
-        action.id,
-        APP_LANE,
-        APP_LANE,
-      ],
-      "all",
-      tx,
-    );
-    waitingAhead = ahead.map((r) => r.id);
-  }
-
+  const lane = APP_LANE_TYPES.has(action.actionType);
+  const limited = HOST_CONCURRENCY[action.actionType] !== undefined;
+  const [row] = await em.getConnection().execute<
+    { dependency: DependencyState | null; busy: { id: string; actionType: string } | null; in_flight: number; ahead: string[] }[]
+  >(
+    ADMISSION_READS,
+    [
+      action.dependsOn ?? null,
+      lane, action.groupSlug, action.appName, action.branch, APP_LANE, action.id,
+      limited, hostId, action.actionType, action.id,
+      limited, action.actionType, hostId, action.id,
+      new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS),
+      action.priority, action.priority, action.createdAt, action.createdAt, action.id,
+      APP_LANE, APP_LANE,
+    ],
+    "all",
+    em.getTransactionContext(),
+  );
   return {
     action,
     hostId,
-    dependency: dependency ? { id: dependency.id, actionType: dependency.actionType, status: dependency.status } : null,
-    appLaneBusyWith,
-    inFlightOnHost,
-    waitingAhead,
+    dependency: row?.dependency ?? null,
+    appLaneBusyWith: row?.busy ?? null,
+    inFlightOnHost: Number(row?.in_flight ?? 0),
+    waitingAhead: row?.ahead ?? [],
     now,
   };
 }
@@ -110,8 +99,8 @@ export async function claimAction(em: EntityManager, actionId: string, hostId: s
   if (!action) return { claimed: false, drop: true, refusalReason: "unknown action", action: null, admission: null };
   if (!isTerminal(action.status) && action.status !== "in_progress") {
     // Gates count in-flight work per host and per app: claims that share one wait for each other.
-    await advisoryLock(em, `deploy_queue.host.${hostId}`);
-    if (APP_LANE_TYPES.has(action.actionType)) await advisoryLock(em, `deploy_queue.app.${action.groupSlug}/${action.appName}/${action.branch}`);
+    const app = `deploy_queue.app.${action.groupSlug}/${action.appName}/${action.branch}`;
+    await advisoryLocks(em, [`deploy_queue.host.${hostId}`, ...(APP_LANE_TYPES.has(action.actionType) ? [app] : [])]);
   }
   const admission = checkAdmission(await admissionInput(em, action, hostId, now));
 

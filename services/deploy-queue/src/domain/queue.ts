@@ -45,7 +45,8 @@ export function normalizeTypes(types: string[] = []): string[] {
 }
 
 export async function withStuckClass(em: EntityManager, actions: Action[], now: Date): Promise<ActionView[]> {
-  const deps = await dependencyStatuses(em, actions);
+  // Only a queued action's stuck class depends on its dependency (see stuckClass).
+  const deps = await dependencyStatuses(em, actions.filter((a) => a.status === "queued"));
   return actions.map((action) => ({
     action,
     stuckClass: stuckClass(action, action.dependsOn ? (deps.get(action.dependsOn)?.status ?? null) : null, now),
