@@ -117,11 +117,23 @@ export interface OutboxRelay {
 
 const BATCH = 500;
 
+/** The oldest pending rows, locked (other relays skip them) and deleted, for the relay's transaction. */
+const CLAIM_BATCH = `delete from outbox where id in (select id from outbox order by seq limit ${BATCH} for update skip locked)
+  returning id, seq, subject, payload, headers`;
+
+interface OutboxBatchRow {
+  id: string;
+  seq: string;
+  subject: string;
+  payload: object;
+  headers: Record<string, string>;
+}
+
 /**
  * Publishes committed outbox rows, in commit order within one relay. Rows are locked with SKIP
  * LOCKED, so replicas of a service can relay side by side (their batches may then interleave:
- * consumers must not rely on order across entities). A batch's rows are deleted in the
- * transaction that claimed them, once JetStream has acknowledged every publish; a publish
+ * consumers must not rely on order across entities). A batch's rows are claimed and deleted in one
+ * transaction, committed once JetStream has acknowledged every publish; a publish
  * repeated after a crash carries the same `Nats-Msg-Id` and JetStream drops it as a duplicate.
  *
  * A batch's publishes go out together on the one connection (so still in order) and are awaited
@@ -137,11 +149,10 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   const publishBatch = async (): Promise<number> => {
     const client = await (await pool).connect();
     try {
-      await client.query("begin");
-      const { rows } = await client.query<{ id: string; subject: string; payload: object; headers: Record<string, string> }>({
-        name: "outbox-relay-select",
-        text: `select id, subject, payload, headers from outbox order by seq limit ${BATCH} for update skip locked`,
-      });
+      // Claimed and deleted in one round trip with the begin; the delete stands only if the commit
+      // comes, after every publish was acknowledged. A batch that fails is rolled back whole.
+      const [, claimed] = (await client.query(`begin; ${CLAIM_BATCH}`)) as unknown as Array<{ rows: OutboxBatchRow[] }>;
+      const rows = claimed!.rows.sort((a, b) => Number(a.seq) - Number(b.seq));
       await Promise.all(
         rows.map((row) => {
           const h = natsHeaders();
@@ -149,9 +160,6 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
           return opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, data: row.payload }), { msgID: row.id, headers: h });
         }),
       );
-      if (rows.length > 0) {
-        await client.query({ name: "outbox-relay-delete", text: "delete from outbox where id = any($1::uuid[])", values: [rows.map((r) => r.id)] });
-      }
       await client.query("commit");
       return rows.length;
     } catch (err) {

@@ -177,6 +177,43 @@ describe("outbox relay", () => {
     await r.stop();
   });
 
+  it("publishes a batch in commit order", async () => {
+    const s = "events.test.ordered";
+    const ids: string[] = [];
+    for (let n = 0; n < 20; n++) ids.push(await commitEvent(s, { n }));
+    const r = relay();
+    expect(await r.flush()).toBeGreaterThanOrEqual(20);
+    const seen: number[] = [];
+    const info = await bus.jsm.streams.info(streamName, { subjects_filter: bus.subject(s) });
+    for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
+      const m = await bus.jsm.streams.getMessage(streamName, { seq }).catch(() => null);
+      if (m?.subject === bus.subject(s)) seen.push((m.json<{ data: { n: number } }>()).data.n);
+    }
+    expect(seen).toEqual([...Array(20).keys()]);
+    for (const id of ids) expect(await pending(id)).toBe(false);
+    await r.stop();
+  });
+
+  it("keeps the whole batch when a publish fails, and sends it once JetStream takes it", async () => {
+    // Nothing stores `nostream.*` yet: that publish has no responder, so the batch rolls back.
+    const okId = await commitEvent("events.test.before_failure", { n: 1 });
+    const badId = await commitEvent("nostream.test", { n: 2 });
+    const r = relay();
+    await r.flush();
+    expect(await pending(okId)).toBe(true);
+    expect(await pending(badId)).toBe(true);
+    await bus.jsm.streams.add({ name: `${prefix}_NOSTREAM`, subjects: [bus.subject("nostream.>")] });
+    try {
+      await r.flush();
+      expect(await pending(okId)).toBe(false);
+      expect(await pending(badId)).toBe(false);
+      expect(await countOn("events.test.before_failure")).toBe(1);
+    } finally {
+      await bus.jsm.streams.delete(`${prefix}_NOSTREAM`);
+    }
+    await r.stop();
+  });
+
   it("publishes an event committed while no relay ran once a relay starts", async () => {
     const s = "events.test.orphan";
     const id = await commitEvent(s, { n: 1 });
