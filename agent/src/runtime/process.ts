@@ -583,6 +583,9 @@ export class ProcessDriver implements RuntimeDriver {
 
   async adopt(): Promise<ReplicaState[]> {
     this.#assertOpen();
+    // The host's sandbox and cgroups are probed while the agent starts, not by its first deploy.
+    void this.#sandboxReady();
+    void this.#memoryReady();
     const root = path.join(this.#runDir, "replicas");
     const ids = await readdir(root).catch(() => [] as string[]);
     const adopted: ReplicaState[] = [];
