@@ -18,31 +18,38 @@ export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const REDISPATCH_INTERVAL_MS = 30_000;
 
 /**
- * Publishes committed work messages at once, as the relay would (envelope `{id, data}`,
+ * Publishes committed outbox events at once, as the relay would (envelope `{id, data}`,
  * `Nats-Msg-Id` = the outbox event id), so an agent need not wait for the relay's next batch.
  * Only after the transaction that enqueued them has committed. The outbox rows of the messages
- * sent are then deleted, as the relay deletes what it sends, so it does not send them again; a failure leaves them to the
- * relay, whose copy of anything sent twice JetStream drops as a duplicate.
+ * sent are then deleted, as the relay deletes what it sends, so it does not send them again; a
+ * failure leaves them to the relay, whose copy of anything sent twice JetStream drops as a
+ * duplicate. True when every message was sent and its row deleted.
  */
-export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" | "logger">, dispatched: Dispatched[]): Promise<void> {
-  if (dispatched.length === 0) return;
+export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" | "logger">, dispatched: Dispatched[]): Promise<boolean> {
+  if (dispatched.length === 0) return true;
   const { bus } = ctx;
   const sent = await Promise.all(
     dispatched.map((d) =>
       bus.js.publish(bus.subject(d.subject), JSON.stringify({ id: d.eventId, data: d.message }), { msgID: d.eventId, headers: traceHeaders() }).then(
         () => d.eventId,
         (err: unknown) => {
-          ctx.logger.warn({ err, action_id: d.message.action_id }, "work message not published at once; the outbox relay will");
+          ctx.logger.warn({ err, action_id: d.message.action_id }, "event not published at once; the outbox relay will");
           return null;
         },
       ),
     ),
   );
   const ids = sent.filter((id): id is string => id !== null);
-  if (ids.length === 0) return;
-  await (await sqlPool(ctx.orm))
+  if (ids.length === 0) return false;
+  return (await sqlPool(ctx.orm))
     .query({ name: "outbox-delete-dispatched", text: "delete from outbox where id = any($1::uuid[])", values: [ids] })
-    .catch((err: unknown) => ctx.logger.warn({ err }, "could not delete the outbox rows of work messages sent; the relay will send them again"));
+    .then(
+      () => ids.length === dispatched.length,
+      (err: unknown) => {
+        ctx.logger.warn({ err }, "could not delete the outbox rows of events sent; the relay will send them again");
+        return false;
+      },
+    );
 }
 
 /**
@@ -54,7 +61,15 @@ export async function publishDispatched(ctx: Pick<ServiceContext, "bus" | "orm" 
  */
 function startIntake<T>(
   ctx: ServiceContext,
-  opts: { durable: string; subject: string; ledger: string; parse(data: Record<string, unknown>): T; accept(em: EntityManager, events: T[], dispatched: Dispatched[]): Promise<void> },
+  opts: {
+    durable: string;
+    subject: string;
+    ledger: string;
+    parse(data: Record<string, unknown>): T;
+    accept(em: EntityManager, events: T[], dispatched: Dispatched[]): Promise<void>;
+    /** `accept` adds every outbox event it writes to `dispatched`: the relay is kicked only for what they leave. */
+    dispatchesAll?: boolean;
+  },
 ): Promise<RunningConsumer> {
   const { bus } = ctx;
   return runBatchConsumer({
@@ -86,8 +101,8 @@ function startIntake<T>(
         );
       });
       if (handled.length > 0) {
-        await publishDispatched(ctx, dispatched);
-        ctx.relay.kick();
+        const allSent = await publishDispatched(ctx, dispatched);
+        if (!allSent || !opts.dispatchesAll) ctx.relay.kick();
       }
     },
   });
@@ -100,6 +115,7 @@ export function startBuildRequestConsumer(ctx: ServiceContext): Promise<RunningC
     subject: subjects.events.buildRequested,
     ledger: "deploy-queue.build-requested",
     parse: parseBuildRequested,
+    dispatchesAll: true,
     async accept(em, requests, dispatched) {
       const created = await acceptBuildRequests(em, requests, new Date(), dispatched);
       if (created.length > 0) ctx.logger.info({ actions: created.map((a) => `${a.actionType}:${a.id}`) }, "build requests queued");

@@ -76,8 +76,8 @@ export interface NewAction extends AnnouncedAction {
 
 /**
  * Creates and dispatches the actions of a build request. Idempotent on the build id as well as
- * on the event id (the consumer's ledger): an existing BUILD action means nothing to do. The work
- * messages enqueued are added to `dispatched` (see publishDispatched).
+ * on the event id (the consumer's ledger): an existing BUILD action means nothing to do. Every
+ * event enqueued (work messages, announcements) is added to `dispatched` (see publishDispatched).
  */
 export async function acceptBuildRequest(em: EntityManager, req: BuildRequested, now: Date, dispatched?: Dispatched[]): Promise<NewAction[]> {
   return acceptBuildRequests(em, [req], now, dispatched);
@@ -113,7 +113,10 @@ export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequeste
     }
     // The BUILD is not announced: its queued state is what apps-builds wrote in the builds row
     // when it asked for it. The DEPLOY is news to the app's last_deploy_* fields.
-    for (const action of dependents) enqueue(action, subjects.events.actionUpdated, { ...actionUpdated(action, now) });
+    for (const action of dependents) {
+      const message = actionUpdated(action, now);
+      work.push({ eventId: enqueue(action, subjects.events.actionUpdated, { ...message }), subject: subjects.events.actionUpdated, message });
+    }
   }
   const created = await insertActions(em, actions, events, now);
   dispatched?.push(...work.filter((w) => created.has(w.message.action_id)));

@@ -12,6 +12,7 @@ import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { Action } from "../entities/index.ts";
 import { LIVE_WINDOW_MS, isLive } from "./agents.ts";
+import type { ActionUpdated } from "./events.ts";
 
 export interface AgentLoad {
   hostId: string;
@@ -61,15 +62,15 @@ export function workSubject(hostId: string | null): string {
 }
 
 /**
- * A work message enqueued in the outbox of a transaction. Once that transaction has committed,
- * `publishDispatched` sends it at once instead of leaving it to the relay's next batch; the relay
- * still publishes the row (the guarantee), with the same `Nats-Msg-Id`, and JetStream drops that
- * copy as a duplicate.
+ * An outbox event of a transaction to be sent at once: a work message (or, from intake, the
+ * announcement of a new action). Once that transaction has committed, `publishDispatched` sends
+ * it instead of leaving it to the relay's next batch; the relay still publishes the row (the
+ * guarantee), with the same `Nats-Msg-Id`, and JetStream drops that copy as a duplicate.
  */
 export interface Dispatched {
   eventId: string;
   subject: string;
-  message: WorkMessage;
+  message: WorkMessage | ActionUpdated;
 }
 
 /** What placement decided for an action: the host (null: `work.any`) and its work message. */
