@@ -143,7 +143,7 @@ describe("build_requested", () => {
     );
     // The DEPLOY's announcement went out with the work messages: nothing is left for the relay.
     await expect.poll(() => updates.filter((e) => e.data.action_id === req.deploy_action_id).map((e) => e.data.status), { timeout: 5000 }).toEqual(["queued"]);
-    await expect.poll(async () => (await sql("select count(*)::int as n from outbox"))[0].n, { timeout: 5000 }).toBe(0);
+    await expect.poll(async () => (await sql("select count(*)::int as n from outbox"))[0]?.n, { timeout: 5000 }).toBe(0);
   });
 
   it("creates a BUILD alone without auto_deploy", async () => {
