@@ -93,33 +93,32 @@ export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequeste
   const loads = await agentLoads(em, now);
   const actions: NewAction[] = [];
   const events: QueuedEvent[] = [];
-  const work: Dispatched[] = [];
-  const seen = new Set<string>();
-  const enqueue = (action: NewAction, subject: string, payload: Record<string, unknown>) => {
-    const event = outboxEvent(subject, payload);
+  const sent: Dispatched[] = [];
+  /** An outbox event of `action`: written only with it, and sent at once after the commit. */
+  const send = (action: NewAction, subject: string, message: Dispatched["message"]) => {
+    const event = outboxEvent(subject, { ...message });
     events.push({ ...event, actionId: action.id });
-    return event.id;
+    sent.push({ eventId: event.id, subject, message });
   };
+  const seen = new Set<string>();
   for (const req of reqs) {
     if (seen.has(req.build_id)) continue;
     seen.add(req.build_id);
-    const [build, ...dependents] = newBuildActions(req, now);
-    let buildHost: string | null = null;
-    for (const action of [build!, ...dependents]) {
-      const placed = placeAction(action, now, loads, action === build ? null : buildHost);
-      if (action === build) buildHost = placed.hostId;
-      work.push({ eventId: enqueue(action, placed.subject, { ...placed.message }), subject: placed.subject, message: placed.message });
-      actions.push(action);
-    }
-    // The BUILD is not announced: its queued state is what apps-builds wrote in the builds row
-    // when it asked for it. The DEPLOY is news to the app's last_deploy_* fields.
+    const [build, ...dependents] = newBuildActions(req);
+    const placed = placeAction(build, now, loads);
+    send(build, placed.subject, placed.message);
+    actions.push(build);
     for (const action of dependents) {
-      const message = actionUpdated(action, now);
-      work.push({ eventId: enqueue(action, subjects.events.actionUpdated, { ...message }), subject: subjects.events.actionUpdated, message });
+      const beside = placeAction(action, now, loads, placed.hostId);
+      send(action, beside.subject, beside.message);
+      // The BUILD is not announced: its queued state is what apps-builds wrote in the builds row
+      // when it asked for it. The DEPLOY is news to the app's last_deploy_* fields.
+      send(action, subjects.events.actionUpdated, actionUpdated(action, now));
+      actions.push(action);
     }
   }
   const created = await insertActions(em, actions, events, now);
-  dispatched?.push(...work.filter((w) => created.has(w.message.action_id)));
+  dispatched?.push(...sent.filter((d) => created.has(d.message.action_id)));
   return actions.filter((a) => created.has(a.id));
 }
 
@@ -180,7 +179,7 @@ async function insertActions(em: EntityManager, actions: NewAction[], events: Qu
 }
 
 /** The BUILD action of a request and, with auto-deploy, the DEPLOY that waits for it. */
-function newBuildActions(req: BuildRequested, now: Date): NewAction[] {
+function newBuildActions(req: BuildRequested): [NewAction, ...NewAction[]] {
   const common = {
     groupSlug: req.group_slug,
     appName: req.app_name,
