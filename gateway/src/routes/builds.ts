@@ -110,7 +110,9 @@ export function buildRoutes(
           },
           ...authErrors,
           ...bodyErrors,
-          ...groupLockErrors("`preflight_quarantined` (with remediation text) or `repository_mismatch`"),
+          ...groupLockErrors(
+            "`preflight_quarantined` (with remediation text; with `registered: true` when this request registered the app, which stays registered while its repository check runs) or `repository_mismatch`",
+          ),
         },
       },
     },

@@ -123,6 +123,23 @@ describe("POST /api/builds", () => {
     expect(display.rows[0]).toEqual({ display_name: "Shop" });
   });
 
+  it("registers an app it does not know and refuses its build until preflight passes, the registration kept", async () => {
+    const refused = await refusal(trigger({ appName: "Wiki", repository: "https://example.com/acme/wiki.git" }));
+    expect(refused).toMatchObject({ status: 409, detail: { code: "preflight_quarantined", preflight_status: "pending", registered: true } });
+    expect(refused.detail.message).toMatch(/was registered in group acme/);
+    const apps = await db.query("select preflight_status from apps_builds.apps where app_name = 'wiki'");
+    expect(apps.rows).toEqual([{ preflight_status: "pending" }]);
+    expect(await buildRows("wiki")).toEqual([]);
+    // Asked again before the check has passed: refused as any quarantined app, nothing registered twice.
+    expect(await refusal(trigger({ appName: "Wiki", repository: "https://example.com/acme/wiki.git" }))).toMatchObject({
+      status: 409,
+      detail: { code: "preflight_quarantined", preflight_status: "pending" },
+    });
+    await db.query("update apps_builds.apps set preflight_status = 'ready' where app_name = 'wiki'");
+    expect(await trigger({ appName: "Wiki", repository: "https://example.com/acme/wiki.git" })).toMatchObject({ status: "queued", registered: false });
+    expect(await buildRows("wiki")).toHaveLength(1);
+  });
+
   it("registers an app it does not know, and again one deleted since its last build", async () => {
     const first = await trigger({ appName: "Blog", repository: "https://example.com/acme/blog.git", skipPreflight: true });
     expect(first).toMatchObject({ status: "queued", registered: true });

@@ -13,7 +13,7 @@ import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { registerApp, registrationHolder } from "./registration.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
-import { requirePreflightPassed } from "./preflight.ts";
+import { quarantinedAtRegistration, requirePreflightPassed } from "./preflight.ts";
 import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
 
 export interface TriggerInput {
@@ -256,8 +256,9 @@ const FOREIGN_KEY_VIOLATION = "23503";
 
 /**
  * POST /api/builds through the ORM: for an app `triggerBuildOfRegisteredApp` did not find. An
- * unknown app is registered through the same code as POST /api/apps, under the group lock, and
- * built in the same transaction. A registered app's row is held in share mode while its build is
+ * unknown app is registered through the same code as POST /api/apps, under the group lock; with
+ * `skip_preflight` it is built in the same transaction, otherwise the build is refused as for any
+ * quarantined app while the registration stands. A registered app's row is held in share mode while its build is
  * written, so a rename's re-key (group-rename.ts), which updates that row first, waits for the
  * build's row to commit and then moves it too.
  */
@@ -271,12 +272,18 @@ export async function triggerBuild(deps: { lock: GroupLock; transact: Transact }
     return app ? queueBuild(em, caller, app, input) : null;
   });
   if (built) return { ...built, registered: false };
-  return underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em) => {
+  const outcome = await underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em): Promise<TriggeredBuild | { quarantined: App }> => {
     // Registered meanwhile, or found once a rename not yet applied here was caught up with.
     const found = await target(em, false);
-    const app = found ?? (await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy)).app;
-    return { ...(await queueBuild(em, caller, app, input)), registered: !found };
+    if (found) return { ...(await queueBuild(em, caller, found, input)), registered: false };
+    const { app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy);
+    // A new app starts quarantined (spec 3.3). Its registration and preflight commit all the same,
+    // so that the build asked for again once the check has passed finds the app.
+    if (!input.skipPreflight) return { quarantined: app };
+    return { ...(await queueBuild(em, caller, app, input)), registered: true };
   });
+  if ("quarantined" in outcome) throw quarantinedAtRegistration(outcome.quarantined);
+  return outcome;
 }
 
 /** The build of a registered app through the ORM: its row (queued) and its build_requested event. */

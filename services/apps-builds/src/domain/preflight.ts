@@ -66,3 +66,18 @@ export function requirePreflightPassed(app: Pick<App, "preflightStatus" | "appNa
     preflight_status: app.preflightStatus,
   });
 }
+
+/**
+ * The refusal of a build that registered its app (POST /api/builds for an unknown app): the app
+ * stays registered, quarantined like every new app until its repository check passes.
+ */
+export function quarantinedAtRegistration(app: Pick<App, "preflightStatus" | "appName" | "branch" | "groupSlug">): PlatformError {
+  return PlatformError.conflict({
+    code: "preflight_quarantined",
+    message:
+      `App '${app.appName}' (branch ${app.branch}) was registered in group ${app.groupSlug} and is quarantined by preflight (${app.preflightStatus}) until its repository check passes. ` +
+      `Follow preflight_status with GET /api/apps/${app.appName}?branch=${encodeURIComponent(app.branch)}, then trigger the build again.`,
+    preflight_status: app.preflightStatus,
+    registered: true,
+  });
+}
