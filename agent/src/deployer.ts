@@ -7,7 +7,7 @@
  *   start         start every replica of the new colour beside the serving one, each on a free port
  *   health_check  each HTTP service answers its health path; a replica that dies here fails the
  *                 deploy with its last 30 lines of output (crash output)
- *   ready         checks passed (in the deploy's log; the queue hears of it with the swap commit)
+ *   ready         checks passed
  *   swap_committed  reported to the queue first (from then on cancel is refused), then the route
  *                 flips to the new colour in one router call: the point of no return
  *   drain         the old colour is let go, given time to finish its requests, then stopped
@@ -295,9 +295,7 @@ export class Deployer {
       await enter("health_check");
       await this.#healthCheck(next, inflight.replicas, emit);
 
-      // Ready is a boundary of the deploy's log only: the swap commit's report follows at once and
-      // answers cancel too, and a report of its own would hold that one up by a round trip.
-      current = "ready";
+      await enter("ready");
       emit("info", "Every service passed its checks");
 
       // The queue records the swap commit before the route moves: from here on cancel is refused.

@@ -37,6 +37,7 @@ let supervisor: Supervisor;
 let deployer: Deployer;
 let state: HostState;
 const lines: string[] = [];
+const reported: string[] = [];
 
 function get(port: number): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
@@ -83,7 +84,10 @@ beforeAll(async () => {
     drainMs: 100,
     stopGraceMs: 2_000,
     log: (line) => void lines.push(line.message),
-    phase: async () => false,
+    phase: async (name) => {
+      reported.push(name);
+      return false;
+    },
   };
   deployer = new Deployer(deps);
   // As the agent does when it starts: the router holds this host's (empty) table.
@@ -105,6 +109,8 @@ const job = { action_id: "2b0c4c43-5a48-4d4c-9d3f-0a3c8c1f6a10", action_type: "D
 it("fetches an image this host lacks, then runs and routes the release", async () => {
   const outcome = await deployer.deploy(job);
   expect(outcome).toMatchObject({ status: "completed", error_message: "", result: { previous_tag: null, env_vars_snapshot: { GREETING: "hi" } } });
+  // Each is a status of the deployment the queue shows (ready: ready_to_deploy, spec 3.2).
+  expect(reported).toEqual(["setup", "start", "health_check", "ready", "swap_committed", "drain"]);
   expect(lines).toContain(`Fetched image node-web:${TAG} from the fleet's image store`);
   expect(await stat(path.join(dir, "images", "node-web", `${TAG}.tar.gz`))).toBeTruthy();
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
