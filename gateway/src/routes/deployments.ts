@@ -51,7 +51,7 @@ const deploymentProperties = {
     description:
       "queued; setup_in_progress (the agent fetches, starts and health-checks the new colour); ready_to_deploy (its checks passed); " +
       "in_progress (the swap is committed, the route moves); running (the new release serves while the old colour drains); " +
-      "completed, failed or cancelled once finished. An undeploy in flight is undeploying.",
+      "completed, failed or cancelled once finished. An undeploy is undeploying from its acceptance (queued) until it finishes.",
   },
   phase: { ...nullable, description: "The agent's phase: setup, start, health_check, ready, swap_committed, drain." },
   previous_tag: { ...nullable, description: "The tag that served when the deployment was queued." },

@@ -48,10 +48,10 @@ describe("deployment status (doc 1 section 3.2)", () => {
     expect(deploymentStatus({ actionType: "RETRY", status: "in_progress", phase: "ready" })).toBe("ready_to_deploy");
   });
 
-  it("an UNDEPLOY in flight is undeploying, whatever phase it reports", () => {
+  it("an UNDEPLOY accepted (queued) or in flight is undeploying, whatever phase it reports", () => {
     expect(deploymentStatus({ actionType: "UNDEPLOY", status: "in_progress", phase: null })).toBe("undeploying");
     expect(deploymentStatus({ actionType: "UNDEPLOY", status: "in_progress", phase: "drain" })).toBe("undeploying");
-    expect(deploymentStatus({ actionType: "UNDEPLOY", status: "queued", phase: null })).toBe("queued");
+    expect(deploymentStatus({ actionType: "UNDEPLOY", status: "queued", phase: null })).toBe("undeploying");
   });
 
   it("terminal statuses pass through unchanged, for every deployment type", () => {

@@ -5,7 +5,7 @@
  * Status (3.2) follows the action and the phase the agent reports:
  * queued → setup_in_progress (fetch, start, health checks) → ready_to_deploy (checks passed) →
  * in_progress (the swap committed, the route moving) → running (the new release serves, the old
- * colour drains) → completed | failed | cancelled; an UNDEPLOY in flight is `undeploying`.
+ * colour drains) → completed | failed | cancelled; an UNDEPLOY queued or in flight is `undeploying`.
  */
 import { randomUUID } from "node:crypto";
 import type { Caller } from "@platform/caller";
@@ -25,8 +25,9 @@ export const DEPLOY_PHASES = ["setup", "start", "health_check", "ready", SWAP_CO
 export const DEPLOYMENTS_LIMIT = { min: 1, max: 200, default: 50 } as const;
 
 export function deploymentStatus(a: Pick<Action, "actionType" | "status" | "phase">): string {
+  // Spec 3.2: an accepted undeploy is undeploying from the moment its action is queued.
+  if (a.actionType === "UNDEPLOY" && (a.status === "queued" || a.status === "in_progress")) return "undeploying";
   if (a.status !== "in_progress") return a.status;
-  if (a.actionType === "UNDEPLOY") return "undeploying";
   if (a.phase === "ready") return "ready_to_deploy";
   if (a.phase === SWAP_COMMIT_PHASE) return "in_progress";
   if (a.phase === "drain") return "running";
