@@ -404,6 +404,18 @@ describe("undeploy", () => {
   });
 });
 
+describe("queue a deployment", () => {
+  it("deploys branch main when the body names none, not the production branch", async () => {
+    const staging = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "staging-only", repository: "https://github.com/acme/staging-only.git", branch: "staging" } });
+    expect(staging.status).toBe(201);
+    expect(staging.body.is_production).toBe(true);
+    const noMain = await call(api, "POST", "/deployments?skip_preflight=true", { credential: acme, body: { app_name: "staging-only" } });
+    expect(noMain.status).toBe(404);
+    // Named, the branch is found; it has no successful build to deploy.
+    expect((await call(api, "POST", "/deployments?skip_preflight=true", { credential: acme, body: { app_name: "staging-only", branch: "staging" } })).status).toBe(400);
+  });
+});
+
 describe("another group's ids are not found", () => {
   it("answers 404 (or not_found) on every id route of deployments and services", async () => {
     const id = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items[0].id as string;

@@ -110,7 +110,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
           type: "object",
           properties: {
             app_name: { type: "string", minLength: 1, maxLength: 128 },
-            branch: { type: "string", minLength: 1, maxLength: 255 },
+            branch: { type: "string", minLength: 1, maxLength: 255, default: "main" },
             image_tag: { type: "string", minLength: 1, maxLength: 300 },
             services: { type: "array", items: {}, description: "Services to deploy; every service when omitted." },
             placement_plan: { type: "object", additionalProperties: true, description: "Operator placement hints." },
@@ -148,7 +148,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       const r = await queue.queueDeployment({
         caller: callerOf(request),
         appName: body.app_name,
-        branch: body.branch ?? "",
+        branch: body.branch ?? "main",
         imageTag: body.image_tag ?? "",
         servicesJson: body.services ? JSON.stringify(body.services) : "",
         placementPlanJson: body.placement_plan ? JSON.stringify(body.placement_plan) : "",
