@@ -164,3 +164,16 @@ export function callerOf(request: FastifyRequest): Caller {
   if (!request.caller) throw PlatformError.unauthenticated();
   return request.caller;
 }
+
+/**
+ * A route that writes in a group its body names (POST /api/apps `group_slug`) needs `required` in
+ * that group as well as in the one it acts in: a session's role differs from group to group. A
+ * group the caller does not belong to is left to the service, which refuses it in its own words.
+ */
+export function requireScopeInNamedGroup(request: FastifyRequest, slug: string, required: Scope): void {
+  const caller = callerOf(request);
+  const group = slug.trim();
+  if (!group || group === caller.selectedGroup || caller.platformOperator || !caller.visibleGroups.includes(group)) return;
+  const actual = request.principal ? scopeIn(request.principal, group) : "";
+  if (!hasScope(actual, required)) throw scopeRequired(required, actual || "none");
+}

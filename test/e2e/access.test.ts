@@ -150,6 +150,17 @@ describe("group selection", () => {
     expect((await call(api, "GET", "/auth/me?group=nowhere", { credential: owner.token })).status).toBe(404);
   });
 
+  it("needs the deploy scope in the group a registration names, not only in the group it acts in", async () => {
+    // viewer: deployer in globex, viewer in acme.
+    const r = await call(api, "POST", "/apps?group=globex", {
+      credential: viewer.token,
+      body: { app_name: "sneaky", repository: "https://github.com/acme/sneaky.git", group_slug: "acme" },
+    });
+    expect(r).toMatchObject({ status: 403, body: { detail: "Scope 'deploy' required, you have 'read'" } });
+    const listed = await call(api, "GET", "/apps?group=acme", { credential: owner.token });
+    expect(listed.body.items.map((a: { app_name: string }) => a.app_name)).not.toContain("sneaky");
+  });
+
   it("lets operators select any existing group and nothing else", async () => {
     expect((await call(api, "GET", "/auth/me?group=globex", { credential: root })).body.group_slug).toBe("globex");
     expect((await call(api, "GET", "/auth/me?group=nowhere", { credential: root })).status).toBe(404);

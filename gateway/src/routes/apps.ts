@@ -3,7 +3,7 @@ import type { Client } from "@connectrpc/connect";
 import { toJson } from "@bufbuild/protobuf";
 import { ListValueSchema } from "@bufbuild/protobuf/wkt";
 import type { App, AppsBuildsService } from "@platform/proto";
-import { callerOf } from "../access.ts";
+import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
@@ -86,7 +86,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             branch: { type: "string", default: "main" },
             description: { type: "string" },
             config_path: { type: "string", default: "platform.yaml" },
-            group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in." },
+            group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in. Needs the deploy scope there too (403)." },
             group: { type: "string" },
             database_enabled: { type: "boolean", default: false },
             cache_enabled: { type: "boolean", default: false },
@@ -114,6 +114,8 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request, reply) => {
       const b = request.body as Record<string, unknown>;
+      const groupSlug = ((b.group_slug ?? b.group) as string) ?? "";
+      requireScopeInNamedGroup(request, groupSlug, "deploy");
       const r = await apps.registerApp({
         caller: callerOf(request),
         appName: String(b.app_name),
@@ -122,7 +124,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         branch: (b.branch as string) ?? "main",
         description: (b.description as string) ?? "",
         configPath: (b.config_path as string) ?? "",
-        groupSlug: ((b.group_slug ?? b.group) as string) ?? "",
+        groupSlug,
         databaseEnabled: Boolean(b.database_enabled),
         cacheEnabled: Boolean(b.cache_enabled),
         emailEnabled: Boolean(b.email_enabled),
