@@ -145,7 +145,7 @@ export function buildRoutes(
             ...commonQuery,
             app_name: { type: "string" },
             branch: { type: "string", description: "Omit to span branches." },
-            since: { type: "string", format: "date-time" },
+            since: { type: "string", description: "ISO 8601 date or timestamp (e.g. 2026-11-24 or 2026-11-24T09:30:00Z); without an offset, UTC." },
             limit: { type: "integer", minimum: 1, maximum: 200, default: 50 },
             offset: { type: "integer", minimum: 0, default: 0 },
           },

@@ -1,0 +1,20 @@
+/** `since` of GET /api/builds (spec doc 1 section 4.3): ISO 8601, a date or a timestamp. */
+import { describe, expect, it } from "vitest";
+import { parseSince } from "../src/domain/builds.ts";
+
+describe("since", () => {
+  it("takes a date as its midnight in UTC, and a timestamp with Z, an offset or none (UTC)", () => {
+    expect(parseSince("2026-11-24").toISOString()).toBe("2026-11-24T00:00:00.000Z");
+    expect(parseSince("2026-11-24T09:30").toISOString()).toBe("2026-11-24T09:30:00.000Z");
+    expect(parseSince("2026-11-24T09:30:15").toISOString()).toBe("2026-11-24T09:30:15.000Z");
+    expect(parseSince("2026-11-24T09:30:15.123456Z").toISOString()).toBe("2026-11-24T09:30:15.123Z");
+    expect(parseSince("2026-11-24T09:30:15+02:00").toISOString()).toBe("2026-11-24T07:30:15.000Z");
+    expect(parseSince("2026-11-24T09:30:15-0130").toISOString()).toBe("2026-11-24T11:00:15.000Z");
+  });
+
+  it("refuses what is not ISO 8601, or names a day or time that does not exist, with 422", () => {
+    for (const bad of ["yesterday", "1h", "24/11/2026", "Nov 24 2026", "2026-02-30", "2026-13-01", "2026-11-24T24:00", "2026-11-24T09:61", ""]) {
+      expect(() => parseSince(bad), bad).toThrow(expect.objectContaining({ status: 422 }));
+    }
+  });
+});
