@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, BuildSchema, LogRowSchema } from "@platform/proto";
-import { fromBuild, fromQueue } from "../src/domain/build-log.ts";
+import { fromBuild, fromQueue, isRunning } from "../src/domain/build-log.ts";
 
 const running = create(BuildSchema, { id: "b1", appName: "web", tag: "main-1", status: "queued", queueStatus: "build_in_progress" });
 const row = (id: number, message: string) => create(LogRowSchema, { id: BigInt(id), message, serviceName: "web" });
@@ -19,6 +19,17 @@ describe("build log", () => {
     expect(r.message).toMatch(/^In-progress stream: .*build in progress.*truncated/);
     expect(r.status).toBe("queued");
     expect(r).not.toHaveProperty("source");
+  });
+
+  it("pulls no tail before an agent has started the build, and says so", () => {
+    const queued = create(BuildSchema, { ...running, queueStatus: "queued" });
+    expect(isRunning(queued)).toBe(false);
+    expect(fromBuild(queued, null)).toMatchObject({ status: "queued", queue_status: "queued", log: "", lines: 0, message: expect.stringContaining("no agent has started it yet") });
+    // Finished in the queue, its row not yet finalised: the stored log is on its way.
+    const finishing = create(BuildSchema, { ...running, queueStatus: "build_completed" });
+    expect(isRunning(finishing)).toBe(false);
+    expect(fromBuild(finishing, null).message).toBe("The build is build completed and its log is being stored; try again in a moment.");
+    expect(isRunning(running)).toBe(true);
   });
 
   it("degrades to a retry message when the live read fails", () => {

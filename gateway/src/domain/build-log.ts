@@ -29,16 +29,30 @@ function lineText(row: LogRow): string {
   return row.serviceName ? `[${row.serviceName}] ${row.message}` : row.message;
 }
 
+/**
+ * The queue says the build runs (spec 4.3): only then is a live tail pulled. The builds row keeps
+ * `queued` for the whole run; its `queue_status` follows the action.
+ */
 export function isRunning(build: Build): boolean {
-  return !TERMINAL.has(build.status);
+  return !TERMINAL.has(build.status) && build.queueStatus === "build_in_progress";
 }
 
-/** A finished build's stored log, or the live tail while it runs (`tail` null: the read failed). */
+/**
+ * A finished build's stored log, or the live tail while it runs (`tail` null: the read failed);
+ * a build not started yet, or finished but not yet stored, has none.
+ */
 export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } | null): BuildLogResponse {
   const base = { build_id: build.id, app_name: build.appName, tag: build.tag, status: build.status, queue_status: build.queueStatus || null };
-  if (!isRunning(build) || build.log) {
+  if (TERMINAL.has(build.status) || build.log) {
     const log = build.log ?? "";
     return { ...base, message: log ? null : "This build stored no output.", log, lines: countLines(log) };
+  }
+  if (!isRunning(build)) {
+    const message =
+      !build.queueStatus || build.queueStatus === "queued"
+        ? "The build is queued: no agent has started it yet, so it has no output."
+        : `The build is ${build.queueStatus.replaceAll("_", " ")} and its log is being stored; try again in a moment.`;
+    return { ...base, message, log: "", lines: 0 };
   }
   if (tail === null) {
     return { ...base, message: "The build is running but its live output could not be read; try again in a moment.", log: "", lines: 0 };

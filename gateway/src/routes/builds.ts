@@ -1,6 +1,6 @@
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
-import type { AppsBuildsService, Build, DeployQueueService, HealthAggregatorService } from "@platform/proto";
+import type { Action, AppsBuildsService, Build, DeployQueueService, HealthAggregatorService } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isRunning } from "../domain/build-log.ts";
@@ -227,12 +227,18 @@ export function buildRoutes(
       } catch (err) {
         if (platformErrorOf(err)?.status !== 404) throw err;
         // No builds row: the queue may still know the action (a build that failed before its record).
+        const missing = () => PlatformError.notFound(`No build and no queue action matches '${build_id}'`);
+        let action: Action;
         try {
-          return fromQueue(await queue.getAction({ caller, actionId: build_id }));
+          action = await queue.getAction({ caller, actionId: build_id });
         } catch (queueErr) {
           if (platformErrorOf(queueErr)?.status !== 404) throw queueErr;
-          throw PlatformError.notFound(`No build and no queue action matches '${build_id}'`);
+          throw missing();
         }
+        // Only a BUILD stands in for a build, and only where the builds row was looked for.
+        const searched = (caller.platformOperator && !request.explicitGroup) || action.groupSlug === caller.selectedGroup;
+        if (action.actionType !== "BUILD" || !searched) throw missing();
+        return fromQueue(action);
       }
       if (!isRunning(build) || build.log) return fromBuild(build, null);
       try {
