@@ -130,8 +130,9 @@ export async function claimAction(em: EntityManager, actionId: string, hostId: s
       action.claimedBy = hostId;
       action.claimedAt = now;
       action.progressAt = now;
+      // Spec 2.5: the reason is cleared by a successful claim; the check that let it through was made now.
       action.admissionCheckReason = null;
-      action.lastAdmissionCheckAt = null;
+      action.lastAdmissionCheckAt = now;
       if (admission.forced) action.admitForceUsed = true;
       announce(em, action, now);
       return { claimed: true, drop: false, refusalReason: "", action, admission };
