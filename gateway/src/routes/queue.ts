@@ -265,7 +265,7 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
     async (request) => {
       const { action_id } = request.params as { action_id: string };
       const body = request.body as { reason: string; ttl_seconds?: number };
-      const g = await queue.admitForce({ caller: callerOf(request), actionId: action_id, reason: body.reason, ttlSeconds: body.ttl_seconds ?? 0 });
+      const g = await queue.admitForce({ caller: callerOf(request), actionId: action_id, reason: body.reason, ttlSeconds: body.ttl_seconds });
       return { action_id: g.actionId, reason: body.reason.trim(), ttl_seconds: g.ttlSeconds, expires_at: g.expiresAt, single_use: true };
     },
   );

@@ -171,7 +171,7 @@ describe("lifecycle and limits", () => {
   });
 
   it("clamps the admit-force TTL to 60-3600 s, default 300", () => {
-    expect([clampTtl(0), clampTtl(undefined), clampTtl(10), clampTtl(600), clampTtl(99999)]).toEqual([300, 300, 60, 600, 3600]);
+    expect([clampTtl(0), clampTtl(-5), clampTtl(undefined), clampTtl(10), clampTtl(600), clampTtl(99999)]).toEqual([60, 60, 300, 60, 600, 3600]);
   });
 
   it("accepts queue limits 1-500, default 100", () => {

@@ -332,6 +332,7 @@ describe("admit-force", () => {
     expect(short.ttlSeconds).toBe(60);
     expect(new Date(short.expiresAt).getTime() - before).toBeGreaterThanOrEqual(59_000);
     expect((await client.admitForce({ caller: acmeAdmin, actionId: waiting.buildId, reason: "r", ttlSeconds: 99_999 })).ttlSeconds).toBe(3600);
+    expect((await client.admitForce({ caller: acmeAdmin, actionId: waiting.buildId, reason: "r", ttlSeconds: 0 })).ttlSeconds).toBe(60);
     const grant = await client.admitForce({ caller: acmeAdmin, actionId: waiting.buildId.slice(0, 8), reason: "release day" });
     expect(grant).toMatchObject({ actionId: waiting.buildId, ttlSeconds: 300 });
 

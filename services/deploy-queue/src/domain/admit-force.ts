@@ -13,9 +13,9 @@ import { actionNotFound, canAct, findActionByPrefix, isIdPrefix } from "./lookup
 export const ADMIT_FORCE_TTL = { min: 60, max: 3600, default: 300 } as const;
 const MAX_REASON = 500;
 
-/** Missing or 0 means the default; anything else is clamped into [min, max]. */
+/** Missing means the default; any number, 0 included, is clamped into [min, max]. */
 export function clampTtl(ttlSeconds: number | null | undefined): number {
-  if (!ttlSeconds || !Number.isFinite(ttlSeconds)) return ADMIT_FORCE_TTL.default;
+  if (ttlSeconds === null || ttlSeconds === undefined || !Number.isFinite(ttlSeconds)) return ADMIT_FORCE_TTL.default;
   return Math.min(ADMIT_FORCE_TTL.max, Math.max(ADMIT_FORCE_TTL.min, Math.round(ttlSeconds)));
 }
 
@@ -25,7 +25,7 @@ export interface AdmitForceGrant {
   ttlSeconds: number;
 }
 
-export async function admitForce(em: EntityManager, caller: Caller, id: string, reason: string, ttlSeconds: number, now: Date): Promise<AdmitForceGrant> {
+export async function admitForce(em: EntityManager, caller: Caller, id: string, reason: string, ttlSeconds: number | undefined, now: Date): Promise<AdmitForceGrant> {
   if (!caller.platformOperator && !hasScope(caller.scope, "admin")) {
     throw PlatformError.forbidden(`Scope 'admin' required, you have '${caller.scope || "none"}'`);
   }
