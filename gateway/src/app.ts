@@ -57,6 +57,15 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   const cache = new CredentialCache(config.CREDENTIAL_CACHE_TTL_MS);
   let bus: Bus | null = null;
 
+  // Routes whose body is optional (cancel, undeploy) are called by clients that send a JSON
+  // content type with no body at all: that is no body, not a malformed one. A route that needs
+  // a body still says so, with the 422 of its schema.
+  const parseJson = app.getDefaultJsonParser("error", "error");
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) =>
+    body === "" ? done(null, undefined) : parseJson(request, body as string, done),
+  );
+
   registerErrorHandling(app);
   for (const schema of sharedSchemas) app.addSchema(schema);
   await app.register(swagger, {

@@ -34,8 +34,6 @@ export function registerErrorHandling(app: FastifyInstance): void {
         return reply.code(413).send({ detail: "Request body is too large." });
       case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
         return reply.code(415).send({ detail: "Unsupported content type; send application/json." });
-      case "FST_ERR_CTP_EMPTY_JSON_BODY":
-        return reply.code(400).send({ detail: "Request body is empty; send a JSON object." });
     }
     if (err.statusCode === 400 || err instanceof SyntaxError) {
       return reply.code(400).send({ detail: `Malformed request: ${err.message}` });

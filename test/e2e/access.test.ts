@@ -298,6 +298,13 @@ describe("malformed input", () => {
     expect(wrong.body.detail).toMatchObject({ code: "invalid_request", message: expect.stringContaining("scope") });
   });
 
+  it("takes a JSON content type with no body as no body: 200 where the body is optional, 422 where it is required", async () => {
+    const cancel = await call(api, "POST", "/deployments/0000000000000000/cancel?group=acme", { credential: root, raw: "" });
+    expect(cancel).toMatchObject({ status: 200, body: { status: "not_found" } });
+    const group = await call(api, "POST", "/groups", { credential: root, raw: "" });
+    expect(group).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
+  });
+
   it("answers unknown routes with 404 {detail}", async () => {
     const r = await call(api, "GET", "/nothing-here", { credential: root });
     expect(r).toMatchObject({ status: 404, body: { detail: "Not Found" } });
