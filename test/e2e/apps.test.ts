@@ -134,7 +134,13 @@ describe("registration from another branch", () => {
 
     const clone = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main" } });
     expect(clone.status).toBe(201);
-    expect(clone.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: false, buckets: false } });
+    // Omitted entirely: db plus drives; given in part: each missing key takes its own default.
+    expect(clone.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: true, buckets: false } });
+    const buckets = await call(api, "POST", "/apps", {
+      credential: acme,
+      body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa-buckets", clone_data_from_branch: "main", clone_components: { buckets: true } },
+    });
+    expect(buckets.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: false, buckets: true } });
 
     const refusals: Array<[Record<string, unknown>, number]> = [
       [{ app_name: "node-web", branch: "b1", clone_data_from_branch: "nope" }, 404],
@@ -151,7 +157,7 @@ describe("registration from another branch", () => {
     // Nothing of a refused registration was written.
     const branches = await call(api, "GET", "/apps/node-web/branches", { credential: acme });
     expect(branches.body.branches.map((b: { branch: string }) => b.branch)).not.toContain("b1");
-    for (const branch of ["staging", "qa"]) expect((await call(api, "DELETE", `/apps/node-web?branch=${branch}`, { credential: acme })).status).toBe(204);
+    for (const branch of ["staging", "qa", "qa-buckets"]) expect((await call(api, "DELETE", `/apps/node-web?branch=${branch}`, { credential: acme })).status).toBe(204);
   });
 });
 

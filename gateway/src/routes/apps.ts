@@ -98,6 +98,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             clone_data_from_branch: { type: "string", description: "Restore data from another branch on the first deploy; same 404 and 409 refusals; 422 with seed_from_reference." },
             clone_components: {
               type: "object",
+              description: "Defaults db true, drives false, buckets false; db plus drives when omitted entirely.",
               properties: { db: { type: "boolean", default: true }, drives: { type: "boolean", default: false }, buckets: { type: "boolean", default: false } },
             },
             seed_from_reference: { type: "string", maxLength: 512, description: "`<app>:<branch>:<selector>` in this app or the same group, consumed on the first deploy." },

@@ -40,8 +40,12 @@ export interface Registered {
   cloneDataScheduled: NonNullable<App["cloneData"]> | null;
 }
 
-/** Default components of a data clone: the database only (spec 4.4 clone_components). */
-export const DEFAULT_CLONE_COMPONENTS = { db: true, drives: false, buckets: false };
+/**
+ * Components of a data clone when `clone_components` is omitted entirely: the database and the
+ * drives (spec 4.4). A `clone_components` object given in part takes each missing key's own
+ * default (db true, drives false, buckets false) from the API schema.
+ */
+export const DEFAULT_CLONE_COMPONENTS = { db: true, drives: true, buckets: false };
 
 export const DEFAULT_CONFIG_PATH = "platform.yaml";
 
