@@ -96,6 +96,19 @@ describe("registration", () => {
     const branches = await call(api, "GET", "/apps/node-web/branches", { credential: acmeRead });
     expect(branches.body).toMatchObject({ app_name: "node-web", environment: "dev" });
     expect(branches.body.branches.map((b: { branch: string }) => b.branch)).toEqual(["main", "feature/x"]);
+    expect(branches.body).not.toHaveProperty("production_branch");
+
+    // next_branch previews a registration; the keys' presence is the feature flag.
+    const preview = async (next: string) => (await call(api, "GET", `/apps/node-web/branches?next_branch=${encodeURIComponent(next)}`, { credential: acmeRead })).body;
+    expect(await preview("release/1")).toMatchObject({
+      next_branch_would_be_production: false,
+      production_branch: "main",
+      next_branch_copy_refusal: null,
+      clone_components_available: { db: false, drives: false, buckets: false },
+    });
+    expect(await preview("feature-x")).toMatchObject({ next_branch_would_be_production: null, next_branch_copy_refusal: { code: "branch_collides" } });
+    expect(await preview("main")).toMatchObject({ next_branch_would_be_production: null, next_branch_copy_refusal: { code: "app_exists" } });
+    expect(await preview("bad..name")).toMatchObject({ next_branch_would_be_production: null, next_branch_copy_refusal: { code: "invalid_branch" } });
   });
 
   it("gives another group's same name a numeric suffix instead of revealing it", async () => {

@@ -219,8 +219,12 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       schema: {
         tags: ["apps"],
         summary: "The app's registered branches.",
+        description:
+          "With `next_branch`, also what registering that branch would meet: next_branch_would_be_production (null when it cannot be registered), " +
+          "production_branch, next_branch_copy_refusal (`{code, message}` of the refusal copy_vars_from_branch or clone_data_from_branch would get, or null) " +
+          "and clone_components_available. Without it those keys are absent. The preview enforces nothing.",
         params: appName,
-        querystring: { type: "object", properties: commonQuery },
+        querystring: { type: "object", properties: { ...commonQuery, next_branch: { type: "string", maxLength: 255 } } },
         response: {
           200: {
             type: "object",
@@ -241,6 +245,16 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
                   },
                 },
               },
+              next_branch_would_be_production: { type: ["boolean", "null"] },
+              production_branch: { type: ["string", "null"] },
+              next_branch_copy_refusal: {
+                type: ["object", "null"],
+                properties: { code: { type: "string" }, message: { type: "string" } },
+              },
+              clone_components_available: {
+                type: "object",
+                properties: { db: { type: "boolean" }, drives: { type: "boolean" }, buckets: { type: "boolean" } },
+              },
             },
             required: ["app_name", "environment", "branches"],
           },
@@ -250,8 +264,16 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request) => {
       const { app_name } = request.params as { app_name: string };
-      const r = await apps.listBranches({ caller: callerOf(request), appName: app_name });
+      const { next_branch } = request.query as { next_branch?: string };
+      const r = await apps.listBranches({ caller: callerOf(request), appName: app_name, nextBranch: next_branch });
+      const next = r.next && {
+        next_branch_would_be_production: r.next.wouldBeProduction ?? null,
+        production_branch: r.next.productionBranch ?? null,
+        next_branch_copy_refusal: r.next.copyRefusalCode ? { code: r.next.copyRefusalCode, message: r.next.copyRefusalMessage ?? "" } : null,
+        clone_components_available: { db: r.next.cloneDb, drives: r.next.cloneDrives, buckets: r.next.cloneBuckets },
+      };
       return {
+        ...next,
         app_name: r.appName,
         environment: env.environment,
         branches: r.branches.map((b) => ({

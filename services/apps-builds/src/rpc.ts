@@ -13,6 +13,7 @@ import { resolveClaimedRelease, resolveRelease } from "./domain/releases.ts";
 import { buildCounts } from "./domain/builds.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
+import { nextBranchPreview } from "./domain/next-branch.ts";
 import { registerUnderGroupLock } from "./domain/registration.ts";
 import type { GroupLock } from "./domain/group-lock.ts";
 import { requeuePreflight } from "./domain/preflight.ts";
@@ -221,8 +222,18 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
       async listBranches(req) {
         const caller = requireCaller(req.caller);
         const rows = await ctx.read((em) => appBranches(em, caller, req.appName));
+        const next = req.nextBranch === undefined ? undefined : nextBranchPreview(rows, req.nextBranch);
         return {
           appName: req.appName,
+          next: next && {
+            wouldBeProduction: next.wouldBeProduction ?? undefined,
+            productionBranch: next.productionBranch ?? undefined,
+            copyRefusalCode: next.copyRefusal?.code,
+            copyRefusalMessage: next.copyRefusal?.message,
+            cloneDb: next.cloneComponentsAvailable.db,
+            cloneDrives: next.cloneComponentsAvailable.drives,
+            cloneBuckets: next.cloneComponentsAvailable.buckets,
+          },
           branches: rows.map((a) =>
             create(BranchSchema, {
               branch: a.branch,
