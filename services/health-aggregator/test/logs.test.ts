@@ -509,6 +509,10 @@ describe("the agent's lines: source semantics and why a container answer is empt
     const pastTheEnd = await query(operator, { appName: "kiosk", source: "container", offset: 10 });
     expect(pastTheEnd).toMatchObject({ logs: [], total: 2, hasMore: false });
     expect(pastTheEnd.reason).toBeUndefined();
+    // An id names its app (spec 4.6): the container lines of the deployment's app, as by app_name.
+    const byDeployment = await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container" });
+    expect(byDeployment.logs.map((l) => l.message)).toEqual(["Error: cannot find module ./server.js", "kiosk listening on :3000"]);
+    expect(await query(tenant("acme"), { deploymentId: KIOSK_DEPLOY, source: "container" })).toMatchObject({ logs: [], total: 0, reason: "no_log_group" });
   });
 
   it("keeps a log group per app, branch and service from the container lines ingested", async () => {
@@ -563,8 +567,8 @@ describe("the agent's lines: source semantics and why a container answer is empt
     expect(await query(operator, { appName: "kiosk", source: "container", search: "segfault" })).toMatchObject(empty);
     expect(await query(tenant("initech"), { appName: "kiosk", source: "container", since: "10m" })).toMatchObject(empty);
     expect(await query(tenant("initech"), { source: "container", since: "10m" })).toMatchObject(empty);
-    // The deployment's app was deployed; its lines are not container lines.
-    expect(await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container" })).toMatchObject(empty);
+    // The deployment's app was deployed; it printed nothing in the last 10 minutes.
+    expect(await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container", since: "10m" })).toMatchObject(empty);
   });
 
   it("gives no reason to an empty answer of any other source", async () => {

@@ -181,9 +181,21 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
   // The window, the scope, and the owning app.
   const where = [`ts >= ${since}`];
   if (group) where.push(`group_slug = ${group}`);
-  if (deployment) where.push(`deployment_id = ${deployment}`);
-  if (build) where.push(`build_id = ${build}`);
-  if (action) where.push(`action_id = ${action}`);
+  const ids = [
+    ["deployment_id", deployment],
+    ["build_id", build],
+    ["action_id", action],
+  ] as const;
+  for (const [column, id] of ids) {
+    if (!id) continue;
+    // Container lines carry no ids: there the id names its app (spec 4.6, "identifies the
+    // owning app"), through any line that carries it. Other lines are the id's own.
+    if (q.source === "container") {
+      where.push(`app_name = (select l.app_name from log_lines l where l.${column} = ${id}${group ? ` and l.group_slug = ${group}` : ""} limit 1)`);
+    } else {
+      where.push(`${column} = ${id}`);
+    }
+  }
   if (app) where.push(`app_name = ${app}`);
   if (app && q.branch) {
     // branch only scopes the access check: the caller must be able to see the app on that branch.
