@@ -44,7 +44,7 @@ const runtimeSchema = {
   properties: {
     replicas_running: { type: ["integer", "null"], description: "Hosts reporting a running replica (hosts, not containers)." },
     hosts_unverified: { type: ["integer", "null"], description: "Known hosts not heard from recently." },
-    reason: { ...nullable, description: "Set only when status is unknown: no_alive_agents, inventory_stale, host_silent, ..." },
+    reason: { ...nullable, description: "Set only when status is unknown; the first that applies of read_failed, no_alive_agents, ambiguous_name, fleet_below_floor (FLEET_FLOOR), inventory_stale, host_silent." },
   },
   required: ["replicas_running", "hosts_unverified", "reason"],
   additionalProperties: false,
@@ -284,7 +284,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     async (request) => {
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
-      const r = await queue.getServicesStatus({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      const r = await queue.getServicesStatus({ caller: callerOf(request), appName: app_name, branch: branch ?? "", explicitGroup: request.explicitGroup });
       return {
         app_name: r.appName,
         branch: r.branch,

@@ -250,6 +250,11 @@ export const appsBuildsEnv = {
 export const deployQueueEnv = {
   ...serviceEnv("deploy-queue"),
   ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
+  FLEET_FLOOR: {
+    type: "int",
+    default: "1",
+    description: "live agents the fleet should have; with fewer, a service no live host reports is unknown (fleet_below_floor), not not_running",
+  },
 } as const satisfies EnvSpec;
 
 export const gatewayEnv = {

@@ -237,6 +237,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
           branches: rows.map((a) =>
             create(BranchSchema, {
               branch: a.branch,
+              groupSlug: a.groupSlug,
               isProduction: a.isProduction,
               deployStatus: a.deployStatus,
               preflightStatus: a.preflightStatus,

@@ -25,7 +25,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
     config,
     entities,
     migrations: [...migrations, ...deploymentMigrations],
-    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 })),
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }), { fleetFloor: config.FLEET_FLOOR }),
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);

@@ -95,7 +95,7 @@ function parseJson(text: string, what: string): unknown {
   }
 }
 
-export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>) {
+export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>, opts: { fleetFloor: number }) {
   const view = async (action: Action | null, now: Date) =>
     action ? actionMsg((await ctx.read((em) => withStuckClass(em, [action], now)))[0]!) : undefined;
 
@@ -332,13 +332,23 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             .catch(() => null);
           isStatic = release ? (JSON.parse(release.configJson) as { type?: string }).type === "static" : false;
         }
-        const agents = await ctx.read((em) => em.find(Agent, {}));
-        const views = servicesStatus(
-          { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch, isStatic },
-          app.services.map((s) => s.name),
-          agents.map((a) => ({ hostId: a.hostId, lastSeen: a.lastSeen, facts: a.facts ?? {} })),
-          new Date(),
-        );
+        // An operator who named no group may mean another group's app of that name.
+        const ambiguous =
+          caller.platformOperator && !req.explicitGroup && new Set((await apps.listBranches({ caller, appName: req.appName })).branches.map((b) => b.groupSlug)).size > 1;
+        // The agents' reports are read as the status's last input; failing, they make it unknown (read_failed), not an error.
+        const agents = await ctx
+          .read((em) => em.find(Agent, {}))
+          .then((rows) => rows.map((a) => ({ hostId: a.hostId, lastSeen: a.lastSeen, facts: a.facts ?? {} })))
+          .catch((err: unknown) => {
+            ctx.logger.warn({ err }, "could not read the agents' reports for a services status");
+            return null;
+          });
+        const views = servicesStatus({ groupSlug: app.groupSlug, appName: app.appName, branch: app.branch, isStatic }, app.services.map((s) => s.name), {
+          agents,
+          ambiguous,
+          floor: opts.fleetFloor,
+          now: new Date(),
+        });
         const urls = new Map(app.services.map((s) => [s.name, s.url]));
         return {
           appName: app.appName,

@@ -228,10 +228,11 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
     lastSeen,
     facts: inventory === undefined ? {} : { inventory },
   });
-  const one = (agents: AgentReport[], t = target) => servicesStatus(t, ["web"], agents, now)[0]!;
+  const ctx = (agents: AgentReport[] | null, over: { ambiguous?: boolean; floor?: number } = {}) => ({ agents, ambiguous: false, floor: 1, now, ...over });
+  const one = (agents: AgentReport[], t = target) => servicesStatus(t, ["web"], ctx(agents))[0]!;
 
   it("a static service is edge, with an empty runtime", () => {
-    const [view] = servicesStatus({ ...target, isStatic: true }, ["site"], [agent("h1", secondsAgo(5), [])], now);
+    const [view] = servicesStatus({ ...target, isStatic: true }, ["site"], ctx([agent("h1", secondsAgo(5), [])]));
     expect(view).toEqual({ name: "site", status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null }, http_client: null, capability_probed_at: null });
   });
 
@@ -278,6 +279,32 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
     expect(view).toEqual({ name: "web", status: "unknown", runtime: { replicas_running: 0, hosts_unverified: 1, reason: "host_silent" }, http_client: null, capability_probed_at: null });
   });
 
+  it("is unknown with read_failed when the agents' reports could not be read; a static service stays edge", () => {
+    expect(servicesStatus(target, ["web"], ctx(null))[0]).toEqual({
+      name: "web",
+      status: "unknown",
+      runtime: { replicas_running: null, hosts_unverified: null, reason: "read_failed" },
+      http_client: null,
+      capability_probed_at: null,
+    });
+    expect(servicesStatus({ ...target, isStatic: true }, ["site"], ctx(null))[0]!.status).toBe("edge");
+  });
+
+  it("is unknown with ambiguous_name when the name is an app of several groups and none was chosen, even while a replica runs", () => {
+    const [view] = servicesStatus(target, ["web"], ctx([agent("h1", secondsAgo(5), [running("web")])], { ambiguous: true }));
+    expect(view).toMatchObject({ status: "unknown", runtime: { reason: "ambiguous_name" } });
+    // No live agent says more, and comes first.
+    expect(servicesStatus(target, ["web"], ctx([], { ambiguous: true }))[0]!.runtime.reason).toBe("no_alive_agents");
+  });
+
+  it("is unknown with fleet_below_floor when fewer hosts are live than the fleet should have and none reports the service", () => {
+    const live = [agent("h1", secondsAgo(5), []), agent("h2", secondsAgo(5))];
+    expect(servicesStatus(target, ["web"], ctx(live, { floor: 3 }))[0]).toMatchObject({ status: "unknown", runtime: { replicas_running: 0, reason: "fleet_below_floor" } });
+    // It comes before inventory_stale; a current report of the service is still running.
+    expect(servicesStatus(target, ["web"], ctx([agent("h1", secondsAgo(5), [running("web")])], { floor: 3 }))[0]!.status).toBe("running");
+    expect(servicesStatus(target, ["web"], ctx(live, { floor: 2 }))[0]!.runtime.reason).toBe("inventory_stale");
+  });
+
   it("reports inventory_stale before host_silent when both apply", () => {
     expect(one([agent("h1", secondsAgo(5)), agent("h2", secondsAgo(600), [])]).runtime.reason).toBe("inventory_stale");
   });
@@ -307,7 +334,7 @@ describe("service runtime status (doc 2 sections 3.6 and 4.10)", () => {
   });
 
   it("answers one view per service, in the order asked", () => {
-    const views = servicesStatus(target, ["web", "worker"], [agent("h1", secondsAgo(5), [running("worker")])], now);
+    const views = servicesStatus(target, ["web", "worker"], ctx([agent("h1", secondsAgo(5), [running("worker")])]));
     expect(views.map((v) => [v.name, v.status])).toEqual([
       ["web", "not_running"],
       ["worker", "running"],

@@ -6,8 +6,11 @@
  * - `running`: at least one live host reports a running replica; replicas_running counts hosts;
  * - `not_running`: every known host was heard from recently and none runs the service;
  * - `unknown` otherwise, with the first reason that applies, in the spec's priority order:
- *   no_alive_agents, inventory_stale (a live host sent no inventory), host_silent (a known host
- *   is silent, so the service may run there unseen).
+ *   read_failed (the agents' reports could not be read), no_alive_agents, ambiguous_name (the
+ *   name is an app in several groups and the caller named none), fleet_below_floor (fewer live
+ *   hosts than the fleet should have: the service may run on a missing one), inventory_stale (a
+ *   live host sent no inventory), host_silent (a known host is silent, so the service may run
+ *   there unseen).
  */
 import { isLive } from "./agents.ts";
 
@@ -64,26 +67,44 @@ export function reportsService(e: InventoryEntry, target: { groupSlug: string; a
   return e.group === target.groupSlug && e.app === target.appName && e.branch === target.branch && e.service === service;
 }
 
+export interface StatusContext {
+  /** The agents' reports; null when they could not be read. */
+  agents: AgentReport[] | null;
+  /** The app name resolves to apps of several groups, and the caller chose none. */
+  ambiguous: boolean;
+  /** Live agents the fleet should have (FLEET_FLOOR). */
+  floor: number;
+  now: Date;
+}
+
 export function servicesStatus(
   target: { groupSlug: string; appName: string; branch: string; isStatic: boolean },
   services: string[],
-  agents: AgentReport[],
-  now: Date,
+  { agents, ambiguous, floor, now }: StatusContext,
 ): ServiceStatusView[] {
+  const none = { http_client: null, capability_probed_at: null };
+  const edge = (name: string): ServiceStatusView => ({ name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null }, ...none });
+  if (agents === null) {
+    return services.map((name) =>
+      target.isStatic ? edge(name) : { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: null, reason: "read_failed" }, ...none },
+    );
+  }
   const known = agents.filter((a) => now.getTime() - a.lastSeen.getTime() <= FORGOTTEN_AFTER_MS);
   const live = known.filter((a) => isLive(a.lastSeen, now));
   const silent = known.length - live.length;
   const inventories = live.map((a) => (Array.isArray(a.facts.inventory) ? (a.facts.inventory as InventoryEntry[]) : null));
-  const none = { http_client: null, capability_probed_at: null };
   return services.map((name) => {
-    if (target.isStatic) return { name, status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null }, ...none };
+    if (target.isStatic) return edge(name);
     const runningLines = inventories.flatMap((inv) => inv?.filter((e) => reportsService(e, target, name) && Number(e.replicas_running) > 0) ?? []);
     const hostsRunning = inventories.filter((inv) =>
       inv?.some((e) => reportsService(e, target, name) && Number(e.replicas_running) > 0),
     ).length;
     const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason }, ...none });
-    if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null }, ...capabilityOf(runningLines) };
     if (live.length === 0) return { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: silent, reason: "no_alive_agents" }, ...none };
+    // Which app's replicas these are cannot be said: they may be another group's app of that name.
+    if (ambiguous) return unknown("ambiguous_name");
+    if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null }, ...capabilityOf(runningLines) };
+    if (live.length < floor) return unknown("fleet_below_floor");
     if (inventories.some((inv) => inv === null)) return unknown("inventory_stale");
     if (silent > 0) return unknown("host_silent");
     return { name, status: "not_running", runtime: { replicas_running: 0, hosts_unverified: 0, reason: null }, ...none };
