@@ -259,6 +259,20 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after.runningSince?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
   });
 
+  it("re-derives database, cache and email from the repository's config at every deploy (spec 2.1)", async () => {
+    const app = await registerApp({
+      databaseEnabled: false,
+      cacheEnabled: true,
+      emailEnabled: false,
+      baseConfig: { services: { web: { run: "node server.js", port: 8080 } }, database: { enabled: true }, email: { enabled: true } },
+    });
+    const after = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1" });
+    expect(after).toMatchObject({ databaseEnabled: true, cacheEnabled: false, emailEnabled: true });
+    // Without a repository config yet, the flags stay as they are.
+    const bare = await registerApp({ databaseEnabled: true });
+    expect(await apply(bare, { action_type: "DEPLOY", status: "completed", image_tag: "main-1" })).toMatchObject({ databaseEnabled: true });
+  });
+
   it("rule 5: a no-build DEPLOY has no running_build_id (null, never a guess)", async () => {
     const app = await registerApp({ deployStatus: "running", runningVersion: "main-1", runningBuildId: randomUUID() });
     const after = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1", build_id: null });

@@ -15,6 +15,7 @@
  * deletes the branch's builds (the agent deleted their images).
  */
 import type { EntityManager } from "@platform/db";
+import { deriveFeatureFlags, type AppConfig } from "@platform/app-config";
 import { App, Build } from "../entities/index.ts";
 
 export const DEPLOY_ACTION_TYPES = new Set(["DEPLOY", "RETRY", "UNDEPLOY"]);
@@ -74,6 +75,13 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         }
       } else {
         app.deployStatus = "running";
+        // Spec 2.1: database, cache and email follow the repository's config at every deploy.
+        if (app.baseConfig) {
+          const flags = deriveFeatureFlags(app.baseConfig as AppConfig);
+          app.databaseEnabled = flags.database_enabled;
+          app.cacheEnabled = flags.cache_enabled;
+          app.emailEnabled = flags.email_enabled;
+        }
         app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
         app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
         app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
