@@ -112,6 +112,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
       schema: {
         tags: ["apps"],
         summary: "Promote a branch to production; the previous production branch is demoted in the same transaction.",
+        description: "422 `label_too_long` when the demoted branch's host label `<app>-<branch>` would exceed 63 characters.",
         params: appName,
         querystring: {
           type: "object",

@@ -76,6 +76,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       schema: {
         tags: ["apps"],
         summary: "Register an app from a git repository. It starts quarantined at preflight `pending`.",
+        description: "422 `label_too_long` when a branch other than production would have a host label `<app>-<branch>` longer than 63 characters.",
         querystring: { type: "object", properties: commonQuery },
         body: {
           type: "object",

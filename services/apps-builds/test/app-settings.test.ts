@@ -340,6 +340,20 @@ describe("set-production", () => {
     expect((await row("web", "main")).isProduction).toBe(true);
   });
 
+  it("refuses with label_too_long (422) a branch whose host label <app>-<branch> would not fit 63 characters, registered or demoted", async () => {
+    const long = "x".repeat(60);
+    expect(await refusal(client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: long }))).toMatchObject({
+      status: 422,
+      detail: { code: "label_too_long", max: 63 },
+    });
+    // As production it goes by the app name alone; promoting another branch would demote it.
+    await client.registerApp({ caller: acme, appName: "lbl", repository: "https://example.com/acme/lbl.git", branch: long });
+    await client.registerApp({ caller: acme, appName: "lbl", repository: "https://example.com/acme/lbl.git", branch: "short" });
+    expect(await refusal(client.setProductionBranch({ caller: acme, appName: "lbl", branch: "short" }))).toMatchObject({ status: 422, detail: { code: "label_too_long" } });
+    expect((await row("lbl", long)).isProduction).toBe(true);
+    expect((await row("lbl", "short")).isProduction).toBe(false);
+  });
+
   it("answers 404 for an unknown branch or app and for another group's app; 422 without a branch", async () => {
     expect((await refusal(client.setProductionBranch({ caller: acme, appName: "web", branch: "nope" }))).status).toBe(404);
     expect((await refusal(client.setProductionBranch({ caller: acme, appName: "ghost", branch: "main" }))).status).toBe(404);

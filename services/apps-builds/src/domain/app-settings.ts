@@ -32,7 +32,7 @@ import type { Caller } from "@platform/caller";
 import { checkAppConfig, checkConfigBounds, deriveFeatureFlags, renderAppConfigYaml, type AppConfig } from "@platform/app-config";
 import { App } from "../entities/index.ts";
 import { appBranches, appNotFound, findApp } from "./apps.ts";
-import { checkBranch } from "./naming.ts";
+import { checkBranch, checkBranchHostLabel } from "./naming.ts";
 import { requeuePreflight } from "./preflight.ts";
 import { checkConfigPath } from "./registration.ts";
 import {
@@ -364,6 +364,8 @@ export async function setProductionBranch(em: EntityManager, caller: Caller, app
 
   const previous = await em.findOne(App, { appName: target.appName, isProduction: true });
   if (previous) {
+    // The demoted branch is served at <app>-<branch label> from now on: it must fit a host label.
+    checkBranchHostLabel(previous.appName, previous.branchLabel);
     previous.isProduction = false;
     await em.flush();
   }

@@ -6,7 +6,7 @@ import { PlatformError } from "@platform/errors";
 
 export const APP_NAME_MAX = 128;
 /** A DNS label is at most 63 characters. */
-const LABEL_MAX = 63;
+export const LABEL_MAX = 63;
 
 /** `My Shop_API` → `my-shop-api`. Empty when nothing usable remains. */
 export function sanitizeName(input: string): string {
@@ -52,4 +52,19 @@ export function withSuffix(base: string, taken: ReadonlySet<string>): string {
     const candidate = `${base.slice(0, LABEL_MAX - suffix.length)}${suffix}`;
     if (!taken.has(candidate)) return candidate;
   }
+}
+
+/**
+ * A branch other than production is served at `<app>-<branch label>` (front-door.ts): one DNS
+ * label, so the two together must fit in 63 characters (spec 4.4, branch candidates'
+ * `label_too_long`). The production branch goes by the app name alone, which always fits.
+ */
+export function checkBranchHostLabel(appName: string, label: string): void {
+  const host = `${appName}-${label}`;
+  if (host.length <= LABEL_MAX) return;
+  throw PlatformError.invalid({
+    code: "label_too_long",
+    message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${LABEL_MAX}. Use a shorter branch name.`,
+    max: LABEL_MAX,
+  });
 }

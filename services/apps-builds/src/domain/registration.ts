@@ -9,7 +9,7 @@ import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
-import { appNameFrom, branchLabel, checkBranch, withSuffix } from "./naming.ts";
+import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
 import { parseSeedReference, SEED_REFERENCE_MAX } from "./app-settings.ts";
@@ -138,6 +138,7 @@ export async function registerApp(
     appName = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
   }
 
+  if (ours.length > 0) checkBranchHostLabel(appName, label);
   const app = em.create(App, {
     id: randomUUID(),
     appName,
