@@ -30,6 +30,7 @@ export interface WorkLog {
     level: LogLevel;
     message: string;
     service_name?: string;
+    metadata?: Record<string, unknown>;
     source: "build" | "deploy" | "agent";
   }): void;
 }
@@ -180,6 +181,9 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
             level: line.level,
             message: line.message,
             service_name: line.service_name,
+            // The phase a line belongs to; a service's line from `start` on also tells the log
+            // store that the service's output stream exists (its log group).
+            metadata: { phase: line.phase },
             source: "deploy",
           }),
       });

@@ -571,6 +571,23 @@ describe("the agent's lines: source semantics and why a container answer is empt
     expect(await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container", since: "10m" })).toMatchObject(empty);
   });
 
+  it("has a log group for a service a deploy started that never printed: no_output_yet, not no_log_group", async () => {
+    const quiet = { app_name: "quiet", group_slug: "initech", branch: "main", service_name: "web", source: "deploy" as const };
+    await shipAndWait(
+      [
+        // Queued and set up: nothing started yet, so no stream either.
+        { ...quiet, ts: ago(3 * MIN), metadata: { phase: "setup" }, message: "Deploying quiet:main-1 (1 service(s))" },
+        { ...quiet, app_name: "hushed", ts: ago(3 * MIN), metadata: { phase: "setup" }, message: "Deploying hushed:main-1 (1 service(s))" },
+        { ...quiet, ts: ago(2 * MIN), metadata: { phase: "start" }, message: "Started replica 1 (blue) on port 40001" },
+      ],
+      "app_name in ('quiet', 'hushed')",
+      [],
+      3,
+    );
+    expect(await query(operator, { appName: "quiet", source: "container" })).toMatchObject({ logs: [], total: 0, reason: "no_output_yet" });
+    expect(await query(operator, { appName: "hushed", source: "container" })).toMatchObject({ logs: [], total: 0, reason: "no_log_group" });
+  });
+
   it("gives no reason to an empty answer of any other source", async () => {
     for (const source of ["agent", "deploy", "build", "backup", ""]) {
       const r = await query(operator, { appName: "ghost", source, since: "1m" });

@@ -93,10 +93,16 @@ export function storeFailure(err: unknown): string | null {
 }
 
 /**
+ * The deploy phases from which a service's replicas have been started (agent/src/deployer.ts):
+ * a deploy line of one of them says the service's output stream exists, printed to or not.
+ */
+const STARTED_PHASES = ["start", "health_check", "ready", "swap_committed", "drain"].map((p) => `'${p}'`).join(", ");
+
+/**
  * One statement per batch: the lines, and what they tell the side tables: which group owns a
- * branch (log_branches), the builds (log_builds) and the log groups of container lines
- * (log_groups). last_seen moves at most once a minute, so a busy app does not rewrite its rows
- * on every batch.
+ * branch (log_branches), the builds (log_builds) and the log groups (log_groups) of container
+ * lines and of services a deploy started. last_seen moves at most once a minute, so a busy app
+ * does not rewrite its rows on every batch.
  */
 const INSERT = `
 with input as (
@@ -132,7 +138,7 @@ with input as (
 ), groups as (
   insert into log_groups (app_name, branch, service_name, group_slug, first_seen, last_seen)
   select app_name, branch, service_name, (array_agg(group_slug order by ts desc))[1], min(ts), max(ts)
-  from input where source = 'container' and app_name is not null
+  from input where app_name is not null and (source = 'container' or (source = 'deploy' and service_name is not null and metadata->>'phase' in (${STARTED_PHASES})))
   group by app_name, branch, service_name order by app_name, branch, service_name
   on conflict (app_name, coalesce(branch, ''), coalesce(service_name, '')) do update set
     group_slug = excluded.group_slug,
