@@ -177,6 +177,16 @@ describe("platform-operator gate", () => {
     }
   });
 
+  it("holds an operator to its scope: a read-only platform key may not create, rename or delete groups", async () => {
+    const readOnly = await call(api, "POST", "/keys", { credential: root, body: { name: "monitoring", scope: "read", platform: true } });
+    expect(readOnly.status).toBe(201);
+    const k = readOnly.body.key as string;
+    expect(await call(api, "POST", "/groups", { credential: k, body: { slug: "x2" } })).toMatchObject({ status: 403, body: { detail: "Scope 'admin' required, you have 'read'" } });
+    expect((await call(api, "PATCH", "/groups/globex", { credential: k, body: { display_name: "Mine" } })).status).toBe(403);
+    expect((await call(api, "DELETE", "/groups/globex", { credential: k })).status).toBe(403);
+    expect((await call(api, "GET", "/groups", { credential: k })).status).toBe(200);
+  });
+
   it("admits the root key, a legacy platform key and a platform-admin session", async () => {
     for (const [i, credential] of [root, keys.platform!.key, platformAdmin.token].entries()) {
       const r = await call(api, "POST", "/groups", { credential, body: { slug: `ops-${i}`, display_name: `Ops ${i}` } });

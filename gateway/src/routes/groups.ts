@@ -12,7 +12,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
   app.post(
     "/api/groups",
     {
-      config: { access: { operator: true } },
+      config: { access: { operator: true, scope: "admin" } },
       schema: {
         tags: ["groups"],
         summary: "Create a group (tenant). Platform operators only.",
@@ -67,7 +67,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
   app.patch(
     "/api/groups/:slug",
     {
-      config: { access: { operator: true } },
+      config: { access: { operator: true, scope: "admin" } },
       schema: {
         tags: ["groups"],
         summary: "Rename a group or change its display name. Platform operators only.",
@@ -108,7 +108,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
   app.delete(
     "/api/groups/:slug",
     {
-      config: { access: { operator: true } },
+      config: { access: { operator: true, scope: "admin" } },
       schema: {
         tags: ["groups"],
         summary: "Delete a group that owns no apps. Platform operators only.",
