@@ -31,7 +31,7 @@ export function healthRoutes(app: FastifyInstance, deps: HealthDeps): void {
               status: { type: "string", enum: ["ok", "degraded"] },
               environment: { type: "string" },
               version: { type: "string" },
-              database: { type: "string", description: "deep only: `ok`, or why the database cannot be read." },
+              database: { type: "string", enum: ["ok", "unreachable"], description: "deep only: `ok` or `unreachable`; the reason is logged, never sent (the route needs no credential)." },
               tables: { type: ["integer", "null"], description: "deep only: tables in the platform database; null when it cannot be read." },
             },
             required: ["status", "environment", "version"],
@@ -45,9 +45,12 @@ export function healthRoutes(app: FastifyInstance, deps: HealthDeps): void {
       try {
         const r = await deps.identity.readiness({ deep: true }, { timeoutMs: 3000 });
         const ok = r.database === "ok";
-        return { ...base, status: ok ? "ok" : "degraded", database: r.database, tables: ok ? r.tables : null };
+        // Anyone may ask: why the database cannot be read (hosts, users, ports) goes to the log only.
+        if (!ok) request.log.warn({ database: r.database }, "deep health: the database cannot be read");
+        return { ...base, status: ok ? "ok" : "degraded", database: ok ? "ok" : "unreachable", tables: ok ? r.tables : null };
       } catch (err) {
-        return { ...base, status: "degraded", database: err instanceof Error ? err.message : "unreachable", tables: null };
+        request.log.warn({ err }, "deep health: identity did not answer");
+        return { ...base, status: "degraded", database: "unreachable", tables: null };
       }
     },
   );
