@@ -33,8 +33,11 @@ const HEALTH_POLL_MS = 100;
 /** How long after a replica's start it is asked more often: most answer within a few tenths of a second. */
 const HEALTH_FAST_POLL_MS = 10;
 const HEALTH_FAST_WINDOW_MS = 2000;
-/** Tries of the route flip once the swap is committed, COMMIT_RETRY_MS apart. */
-const COMMIT_ATTEMPTS = 5;
+/**
+ * How long the route flip is tried once the swap is committed, COMMIT_RETRY_MS apart: past the
+ * point of no return a deploy rolls forward, and a router restarting takes seconds to answer.
+ */
+const COMMIT_DEADLINE_MS = 120_000;
 const COMMIT_RETRY_MS = 1_000;
 /** How long a replica without a health check must stay up to pass. */
 const UNCHECKED_UPTIME_MS = 500;
@@ -402,13 +405,14 @@ export class Deployer {
     for (const r of inflight.replicas) this.#d.supervisor.desire(r);
     // Past the point of no return the deploy rolls forward: a router that does not answer (or
     // lost its table) is asked again, with the whole table if need be.
-    for (let attempt = 1; ; attempt++) {
+    const deadline = Date.now() + COMMIT_DEADLINE_MS;
+    for (;;) {
       try {
         if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
         else await this.#d.router.remove(next.key);
         break;
       } catch (err) {
-        if (attempt >= COMMIT_ATTEMPTS) throw err;
+        if (Date.now() >= deadline) throw err;
         emit("warning", `The route did not switch (${err instanceof Error ? err.message : String(err)}); trying again`);
         await sleep(COMMIT_RETRY_MS);
         await this.reassertRoutes().catch(() => undefined);
