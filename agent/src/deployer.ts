@@ -278,7 +278,7 @@ export class Deployer {
         services: {},
         since: new Date().toISOString(),
       };
-      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next };
+      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next, previous };
       for (const [name, service] of services) {
         const replicas: ReplicaSpec[] = [];
         for (let i = 0; i < service.replicas; i++) {
@@ -440,8 +440,10 @@ export class Deployer {
   ): Promise<DeployOutcome> {
     const d = this.#d;
     if (pending.swapCommitted) {
-      const previous = d.state.app(pending.key);
-      const prior = previous && previous.tag !== pending.next.tag ? previous : undefined;
+      // The colour that served before: recorded with the deploy, since the host state may
+      // already name the new one (the agent stopped while draining).
+      const previous = pending.previous ?? d.state.app(pending.key);
+      const prior = previous && previous.colour !== pending.next.colour ? previous : undefined;
       await this.#commit(pending, prior, emit);
       await this.#drain(prior, emit);
       await d.state.clearInflight(pending.actionId);

@@ -43,6 +43,8 @@ export interface InflightDeploy {
   swapCommitted: boolean;
   /** The app as it will be once the swap is committed. */
   next: DeployedApp;
+  /** The app as it ran when the deploy began: the colour to drain (absent in older records). */
+  previous?: DeployedApp;
 }
 
 interface StateFile {
