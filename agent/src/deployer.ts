@@ -432,6 +432,18 @@ export class Deployer {
     emit("info", `Stopped ${old.length} replica(s) of ${previous.tag}`);
   }
 
+  /**
+   * A deploy this host had in flight that the queue ended while the agent was away: settled as a
+   * resumed one would be (a committed swap is finished, anything short of it cleaned up), with no
+   * outcome to report.
+   */
+  async abandon(actionId: string): Promise<void> {
+    const pending = this.#d.state.inflight(actionId);
+    if (!pending) return;
+    const emit = (level: LogLevel, message: string) => this.#d.log({ level, message, phase: "abandon" });
+    await this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }));
+  }
+
   /** An action claimed again after an agent restart: finish a committed swap, else clean up. */
   async #resume(
     pending: InflightDeploy,

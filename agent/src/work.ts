@@ -8,6 +8,7 @@
 import type { Client } from "@connectrpc/connect";
 import { runConsumer, subjects, type Bus, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
 import type { Logger } from "@platform/logger";
+import { platformErrorOf } from "@platform/rpc";
 import type { Action as ActionMsg, DeployQueueService } from "@platform/proto";
 import { runBuild, type BuildDeps, type BuildJob, type LogLevel } from "./builder.ts";
 import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
@@ -18,6 +19,11 @@ const UNSUPPORTED_RETRY_MS = 60_000;
 const ADMISSION_RETRY_MS = 2_000;
 /** JetStream's redelivery window; long builds tell it they are still working. */
 const ACK_WAIT_MS = 60_000;
+const COMPLETE_RETRY_FIRST_MS = 250;
+const COMPLETE_RETRY_MAX_MS = 15_000;
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
 export interface WorkLog {
   (line: {
@@ -92,6 +98,30 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   /** Actions this process is running: a redelivered message of one of them waits. */
   const running = new Set<string>();
+  let stopping = false;
+
+  /**
+   * Tells the queue how an action ended, until it has heard: the work is done, and a redelivery
+   * would run it again. The queue takes a completion twice without harm. Only a refusal (the
+   * action is no longer this host's) or the agent stopping ends the attempts.
+   */
+  const complete = async (actionId: string, req: Parameters<typeof queue.completeAction>[0]) => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await queue.completeAction(req);
+        return;
+      } catch (err) {
+        const status = platformErrorOf(err)?.status ?? 503;
+        if (status < 500) {
+          logger.warn({ err, action_id: actionId }, "the queue refused the action's completion");
+          return;
+        }
+        if (stopping) throw err;
+        logger.warn({ err, action_id: actionId, attempt }, "could not report the action's completion; trying again");
+        await sleep(Math.min(COMPLETE_RETRY_MAX_MS, COMPLETE_RETRY_FIRST_MS * 2 ** (attempt - 1)));
+      }
+    }
+  };
 
   const handle = async (msg: JsMsg) => {
     const envelope = msg.json<EventEnvelope>();
@@ -135,10 +165,18 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       void queue.reportProgress({ actionId, hostId, phase: phaseNow, message: "" }).catch(() => undefined);
     }, ACK_WAIT_MS / 3);
     try {
-      const outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase) : await runDeployAction(actionType, action.payloadJson, phase);
+      let outcome: { status: string; error_message: string; result: unknown };
+      try {
+        outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase) : await runDeployAction(actionType, action.payloadJson, phase);
+      } catch (err) {
+        // An action that throws has failed. Said so once, it is not run again: a redelivered
+        // message would resume it on this host, and a lasting error would loop for ever.
+        logger.error({ err, action_id: actionId, action_type: actionType }, "the action failed with an error");
+        outcome = { status: "failed", error_message: `The agent on host ${hostId} failed while running the action: ${errorText(err)}`, result: {} };
+      }
       // Every phase is recorded before the action ends (the queue takes no phase after that).
       await reports.settled();
-      await queue.completeAction({ actionId, hostId, status: outcome.status, errorMessage: outcome.error_message, resultJson: JSON.stringify(outcome.result) });
+      await complete(actionId, { actionId, hostId, status: outcome.status, errorMessage: outcome.error_message, resultJson: JSON.stringify(outcome.result) });
       logger.info({ action_id: actionId, action_type: actionType, status: outcome.status }, "action finished");
       opts.onFinished?.();
     } finally {
@@ -208,12 +246,23 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   // Deploys this host had in flight when the agent stopped are taken up at once: the queue still
   // has them claimed by this host, so the claim resumes them (the deployer finishes or cleans up).
   const resumed = Promise.all(
-    (opts.resumable?.() ?? []).map(({ actionId, actionType }) =>
-      claimAndRun(actionId, actionType, () => undefined).catch((err: unknown) => logger.error({ err, action_id: actionId }, "resuming an action failed")),
-    ),
+    (opts.resumable?.() ?? []).map(async ({ actionId, actionType }) => {
+      try {
+        const outcome = await claimAndRun(actionId, actionType, () => undefined);
+        // The queue ended the action meanwhile (it failed it while this host was silent): what
+        // this host still holds of it is settled all the same, as a resumed deploy would be.
+        if (outcome === "dropped") {
+          const deployer = opts.deployer({ log: (line) => logger.info({ action_id: actionId, phase: line.phase }, line.message), phase: async () => false });
+          await deployer.abandon(actionId);
+        }
+      } catch (err) {
+        logger.error({ err, action_id: actionId }, "resuming an action failed");
+      }
+    }),
   );
   return {
     async stop() {
+      stopping = true;
       for (const c of consumers) await c.stop();
       await resumed;
     },

@@ -1,0 +1,123 @@
+/**
+ * The agent's work lane against the real deploy-queue (Postgres, NATS JetStream, Connect): an
+ * action that throws is completed as failed once, never run again by a redelivery; a completion
+ * the queue could not take is sent again, not the action run again.
+ */
+import { randomUUID } from "node:crypto";
+import { afterAll, afterEach, beforeAll, expect, it } from "vitest";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { deployQueueEnv, loadConfig } from "@platform/config";
+import { createServiceClient } from "@platform/rpc";
+import { DeployQueueService } from "@platform/proto";
+import { connectBus, subjects, type Bus } from "@platform/bus";
+import { createLogger } from "@platform/logger";
+import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
+import type { RunningService } from "@platform/service";
+import { build as buildDeployQueue } from "../../services/deploy-queue/src/app.ts";
+import { Action } from "../../services/deploy-queue/src/entities/index.ts";
+import { startWorkLane, type WorkLane, type WorkOptions } from "../src/work.ts";
+import type { DeployOutcome } from "../src/deployer.ts";
+
+const logger = createLogger({ service: "agent-work-test", level: "silent", pretty: false });
+const HOST = "h-work";
+
+let databaseUrl: string;
+let prefix: string;
+let queueService: RunningService;
+let queue: ReturnType<typeof createServiceClient<typeof DeployQueueService>>;
+let bus: Bus;
+let lane: WorkLane | undefined;
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  prefix = uniquePrefix("twork");
+  queueService = await buildDeployQueue(
+    loadConfig(deployQueueEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent" }),
+  );
+  queue = createServiceClient(DeployQueueService, `http://127.0.0.1:${queueService.rpc.port}`);
+  bus = await connectBus({ url: testNatsUrl(), name: "agent-work-test", prefix, logger });
+});
+
+afterEach(async () => {
+  await lane?.stop();
+  lane = undefined;
+});
+
+afterAll(async () => {
+  await bus?.close();
+  await queueService?.close();
+  if (databaseUrl) await dropDatabase(databaseUrl);
+  if (prefix) await deleteBusStreams(prefix);
+});
+
+const row = (id: string) => queueService.ctx.read((em) => em.findOneOrFail(Action, { id }));
+
+/** A build this host has built, and its DEPLOY waiting for an agent: what the lane will take up. */
+async function builtAndQueued(): Promise<string> {
+  const buildId = randomUUID();
+  const deployId = randomUUID();
+  const app = `app-${buildId.slice(0, 8)}`;
+  const data = {
+    build_id: buildId,
+    deploy_action_id: deployId,
+    app_name: app,
+    branch: "main",
+    group_slug: "acme",
+    tag: `main-${buildId.slice(0, 8)}`,
+    repository: "file:///srv/git/app.git",
+    config_path: "platform.yaml",
+    auto_deploy: true,
+    created_by: "api_key:k",
+  };
+  await bus.js.publish(bus.subject(subjects.events.buildRequested), JSON.stringify({ id: randomUUID(), data }), { msgID: randomUUID() });
+  await expect.poll(() => queueService.ctx.read((em) => em.count(Action, { id: { $in: [buildId, deployId] } })), { timeout: 10_000 }).toBe(2);
+  expect((await queue.claimAction({ actionId: buildId, hostId: HOST })).claimed).toBe(true);
+  await queue.completeAction({ actionId: buildId, hostId: HOST, status: "completed", resultJson: "{}" });
+  return deployId;
+}
+
+function startLane(deploy: () => Promise<DeployOutcome>, overrides: Partial<WorkOptions> = {}): Promise<WorkLane> {
+  // Only DEPLOY reaches this lane's deployer here; the BUILD was finished above.
+  const deployer = (() => ({ deploy })) as unknown as WorkOptions["deployer"];
+  return startWorkLane({ bus, hostId: HOST, queue, logger, log: () => undefined, build: {} as WorkOptions["build"], deployer, ...overrides });
+}
+
+it("completes an action that throws as failed, once: the redelivered message does not run it again", async () => {
+  const deployId = await builtAndQueued();
+  let runs = 0;
+  lane = await startLane(async () => {
+    runs++;
+    throw new Error("the disk is full");
+  });
+  await expect.poll(async () => (await row(deployId)).status, { timeout: 15_000 }).toBe("failed");
+  expect((await row(deployId)).errorMessage).toBe(`The agent on host ${HOST} failed while running the action: the disk is full`);
+  // Long enough for a nak'd message to come back (1 s) and be claimed again.
+  await new Promise((r) => setTimeout(r, 2500));
+  expect(runs).toBe(1);
+});
+
+it("sends a completion the queue could not take again, without running the action again", async () => {
+  const deployId = await builtAndQueued();
+  let runs = 0;
+  let refusals = 2;
+  const flaky = {
+    ...queue,
+    completeAction: (req: Parameters<typeof queue.completeAction>[0]) => {
+      if (refusals > 0) {
+        refusals--;
+        return Promise.reject(new ConnectError("deploy-queue is restarting", Code.Unavailable));
+      }
+      return queue.completeAction(req);
+    },
+  } as typeof queue;
+  lane = await startLane(
+    async () => {
+      runs++;
+      return { status: "completed", error_message: "", result: {} };
+    },
+    { queue: flaky },
+  );
+  await expect.poll(async () => (await row(deployId)).status, { timeout: 15_000 }).toBe("completed");
+  expect(refusals).toBe(0);
+  expect(runs).toBe(1);
+});
