@@ -95,14 +95,15 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       }),
   });
 
-  // What ran before this agent started keeps running: adopt it, restart what died meanwhile.
+  // What ran before this agent started keeps running: adopt it. A replica that died meanwhile
+  // is restarted by the supervisor, which logs the event; one the driver has no record of at all
+  // is started afresh.
   const adopted = new Map((await driver.adopt()).map((r) => [r.spec.id, r]));
   for (const app of state.apps()) {
     for (const service of Object.values(app.services)) {
       if (service.stopped) continue;
       for (const spec of service.replicas) {
-        if (!adopted.get(spec.id)?.running) {
-          await driver.remove(spec.id).catch(() => undefined);
+        if (!adopted.has(spec.id)) {
           await driver.start(spec).catch((err: unknown) => o.logger.error({ err, replica: spec.id }, "replica not restarted after the agent restart"));
         }
         supervisor.desire(spec);

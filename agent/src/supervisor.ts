@@ -61,10 +61,20 @@ export class Supervisor {
     opts.driver.onExit((state) => this.#exited(state));
   }
 
+  /**
+   * Keeps the replica running from now on. One that already exited (between its health check
+   * and the swap, or while the agent was down) is started again at once, as a crash would be.
+   */
   desire(spec: ReplicaSpec): void {
     const previous = this.#desired.get(spec.id);
     if (previous?.timer) clearTimeout(previous.timer);
-    this.#desired.set(spec.id, { spec, failures: 0, timer: null });
+    const entry: Desired = { spec, failures: 0, timer: null };
+    this.#desired.set(spec.id, entry);
+    const state = this.#driver.list().find((r) => r.spec.id === spec.id);
+    if (state && !state.running && !this.#closed) {
+      this.#emit(spec, state.exit?.oomKilled ? "oom_killed" : "crashed", state.exit, `Replica ${spec.id} ${describeExit(state.exit)}; restarting now.`);
+      this.#schedule(entry, 0, state.exit);
+    }
   }
 
   release(replicaId: string): void {

@@ -491,4 +491,33 @@ describe("Supervisor", () => {
     await driver.stop(desired.id, 2_000);
     expect(events).toHaveLength(2);
   });
+
+  it("starts a replica that had already exited when it is desired (a crash between health check and swap), and logs it", async () => {
+    const driver = newDriver();
+    const events: SupervisorEvent[] = [];
+    const supervisor = new Supervisor({ driver, onEvent: (e) => events.push(e) });
+    supervisors.push(supervisor);
+    const port = await freePort();
+    const crashOnce = `
+      const fs = require("node:fs");
+      if (!fs.existsSync(process.env.MARKER)) {
+        fs.writeFileSync(process.env.MARKER, "");
+        process.exit(3);
+      } else {
+        ${HTTP_SERVER}
+      }
+    `;
+    const spec = makeSpec(nodeCommand(crashOnce), { port, env: { PORT: String(port), MARKER: path.join(releaseDir, "exited-before-desired") } });
+    await driver.start(spec);
+    await until(() => driver.list().some((r) => r.spec.id === spec.id && !r.running), "the early exit");
+    supervisor.desire(spec);
+    await until(() => events.some((e) => e.kind === "restarted"), "the restart");
+    expect(events.map((e) => [e.replicaId, e.kind])).toEqual([
+      [spec.id, "crashed"],
+      [spec.id, "restarted"],
+    ]);
+    expect(await get(port)).toBe(`hello from ${port}`);
+    supervisor.release(spec.id);
+    await driver.stop(spec.id, 2_000);
+  });
 });
