@@ -152,10 +152,13 @@ export class HostState {
     await this.save();
   }
 
-  /** Writes are serialised: the last one wins, none interleave. */
+  /**
+   * Writes are serialised: the last one wins, none interleave. A write that failed (a full disk)
+   * fails its own caller only; the next one writes the whole state again.
+   */
   save(): Promise<void> {
     const snapshot = JSON.stringify(this.#state, null, 2);
-    this.#writing = this.#writing.then(async () => {
+    this.#writing = this.#writing.catch(() => undefined).then(async () => {
       await mkdir(path.dirname(this.#file), { recursive: true });
       const tmp = `${this.#file}.${process.pid}.tmp`;
       await writeFile(tmp, snapshot);
