@@ -132,9 +132,11 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const deployer = (bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }) => new Deployer({ ...deps, resolve, ...bind });
   const routesKeeper = deployer({ log: () => undefined, phase: async () => false });
 
-  const reassert = async () => {
+  // The whole table at every agent start (the router may hold what an agent killed mid-change
+  // left there), then again whenever the router comes back without it (a Caddy restart).
+  const reassert = async (always: boolean) => {
     try {
-      if ((await router.current()) === null) {
+      if (always || (await router.current()) === null) {
         await routesKeeper.reassertRoutes();
         o.logger.info({ apps: state.apps().length }, "routing table asserted");
       }
@@ -142,10 +144,10 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       o.logger.warn({ err }, "router not reachable; routes are asserted again when it answers");
     }
   };
-  await reassert();
+  await reassert(true);
   let checking: Promise<void> | null = null;
   const timer = setInterval(() => {
-    checking ??= reassert().finally(() => {
+    checking ??= reassert(false).finally(() => {
       checking = null;
     });
   }, ROUTER_CHECK_MS);
