@@ -36,6 +36,7 @@ let driver: ProcessDriver;
 let supervisor: Supervisor;
 let deployer: Deployer;
 let state: HostState;
+let baseDeps: DeployerDeps;
 const lines: string[] = [];
 const reported: string[] = [];
 
@@ -89,6 +90,7 @@ beforeAll(async () => {
       return false;
     },
   };
+  baseDeps = deps;
   deployer = new Deployer(deps);
   // As the agent does when it starts: the router holds this host's (empty) table.
   await deployer.reassertRoutes();
@@ -144,6 +146,32 @@ it("rolls forward past the swap commit when Caddy restarted empty: the whole tab
   const outcome = await deployer.deploy({ ...job, action_id: "7c9e6679-7425-40de-944b-e07fc1f90ae7", image_tag: "main-4567cdef" });
   expect(outcome.status).toBe("completed");
   expect(lines.some((l) => l.startsWith("The route did not switch"))).toBe(true);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("resumed after the agent stopped while draining, stops the colour that served before, even for the same tag", async () => {
+  const before = state.appOf("node-web", "main")!;
+  const oldReplicas = Object.values(before.services).flatMap((s) => s.replicas.map((r) => r.id));
+  const redeploy = { ...job, action_id: "5b3f0c2e-8d41-4c7a-9e26-1a2b3c4d5e6f", image_tag: before.tag };
+  // The agent "stops" right after the swap commit and the flip: drain never runs.
+  const interrupted = new Deployer({
+    ...baseDeps,
+    phase: async (name) => {
+      if (name === "drain") throw new Error("the agent was stopped");
+      return false;
+    },
+  });
+  expect((await interrupted.deploy(redeploy)).status).toBe("failed");
+  expect(state.appOf("node-web", "main")!.colour).not.toBe(before.colour);
+  expect(driver.list().filter((r) => r.running).map((r) => r.spec.id)).toEqual(expect.arrayContaining(oldReplicas));
+
+  // Claimed again after the restart: the deploy is finished, the old colour drained.
+  const resumed = await deployer.deploy(redeploy);
+  expect(resumed.status).toBe("completed");
+  expect(state.inflight(redeploy.action_id)).toBeUndefined();
+  const running = driver.list().filter((r) => r.running).map((r) => r.spec.id);
+  expect(running).toHaveLength(1);
+  expect(running.some((id) => oldReplicas.includes(id))).toBe(false);
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 
