@@ -9,13 +9,6 @@ import { createServiceClient } from "@platform/rpc";
 import { IdentityService } from "@platform/proto";
 import { entities } from "./entities/index.ts";
 import { variableEntities } from "./entities/variables.ts";
-import { migrations } from "./migrations/0001_apps.ts";
-import { buildMigrations } from "./migrations/0003_builds.ts";
-import { configMigrations } from "./migrations/0004_app_config.ts";
-import { variableMigrations } from "./migrations/0002_variables.ts";
-import { settingsMigrations } from "./migrations/0005_app_settings.ts";
-import { cloneDataMigrations } from "./migrations/0006_clone_data.ts";
-import { deploymentMigrations } from "./migrations/0007_deployments.ts";
 import { startBuildTracker } from "./build-tracker.ts";
 import { startPreflightWorker } from "./preflight-worker.ts";
 import { buildHandlers } from "./rpc-builds.ts";
@@ -23,6 +16,7 @@ import { settingsHandlers } from "./rpc-settings.ts";
 import { routes } from "./rpc.ts";
 import { variableHandlers } from "./rpc-variables.ts";
 import { rekeyGroup } from "./domain/group-rename.ts";
+import { appsBuildsMigrations } from "./migrations/index.ts";
 import { REGISTRATION_WAIT_MS } from "./domain/group-lock.ts";
 
 export type AppsBuildsConfig = Config<typeof appsBuildsEnv>;
@@ -32,7 +26,7 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     name: "apps-builds",
     config,
     entities: [...entities, ...variableEntities],
-    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations, ...deploymentMigrations],
+    migrations: appsBuildsMigrations,
     routes: (ctx) =>
       routes(
         // An acquire waits up to REGISTRATION_WAIT_MS for the lease before it answers.

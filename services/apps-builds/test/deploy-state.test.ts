@@ -12,15 +12,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { serviceSchema } from "@platform/config";
 import { openDatabase, type EntityManager, type MikroORM } from "@platform/db";
 import { createTestDatabase, dropDatabase } from "@platform/testing";
+import { appsBuildsMigrations } from "../src/migrations/index.ts";
 import { App, Build, entities } from "../src/entities/index.ts";
 import { variableEntities } from "../src/entities/variables.ts";
-import { migrations } from "../src/migrations/0001_apps.ts";
-import { buildMigrations } from "../src/migrations/0003_builds.ts";
-import { configMigrations } from "../src/migrations/0004_app_config.ts";
-import { variableMigrations } from "../src/migrations/0002_variables.ts";
-import { settingsMigrations } from "../src/migrations/0005_app_settings.ts";
-import { cloneDataMigrations } from "../src/migrations/0006_clone_data.ts";
-import { deploymentMigrations } from "../src/migrations/0007_deployments.ts";
 import { applyDeployUpdate, type DeployActionUpdate } from "../src/domain/deploy-state.ts";
 import { appUrls, frontDoorHost, isServing, publicHosts, serviceUrls, type RouterSettings } from "../src/domain/front-door.ts";
 
@@ -150,7 +144,7 @@ beforeAll(async () => {
     url: databaseUrl,
     schema: serviceSchema("apps-builds"),
     entities: [...entities, ...variableEntities],
-    migrations: [...migrations, ...buildMigrations, ...configMigrations, ...settingsMigrations, ...variableMigrations, ...cloneDataMigrations, ...deploymentMigrations],
+    migrations: appsBuildsMigrations,
     poolMax: 3,
   });
 });
@@ -257,6 +251,25 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     });
     expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", runningBuildId: buildId, lastDeployStatus: "completed", lastDeployError: null });
     expect(after.runningSince?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
+  });
+
+  it("applies updates in the order deploy-queue wrote them, not the order they arrive in", async () => {
+    const app = await registerApp();
+    const deploy = randomUUID();
+    const t = (s: number) => new Date(Date.UTC(2026, 10, 24, 12, 0, s)).toISOString();
+    await apply(app, { action_id: deploy, action_type: "DEPLOY", status: "completed", image_tag: "main-2", updated_at: t(30) });
+    // Its claim, written earlier, arrives late: the app stays running.
+    const late = await apply(app, { action_id: deploy, action_type: "DEPLOY", status: "in_progress", image_tag: "main-2", updated_at: t(10) });
+    expect(late).toMatchObject({ deployStatus: "running", runningVersion: "main-2", lastDeployStatus: "completed" });
+    // So does an older deploy's failure: it does not become the latest deploy.
+    const older = await apply(app, { action_id: randomUUID(), action_type: "DEPLOY", status: "failed", image_tag: "main-1", error_message: "boom", updated_at: t(20) });
+    expect(older).toMatchObject({ deployStatus: "running", lastDeployActionId: deploy, lastDeployError: null, deployWarning: null });
+    // A later update applies.
+    const undeploy = randomUUID();
+    expect(await apply(app, { action_id: undeploy, action_type: "UNDEPLOY", status: "in_progress", updated_at: t(40) })).toMatchObject({
+      deployStatus: "undeploying",
+      lastDeployActionId: undeploy,
+    });
   });
 
   it("re-derives database, cache and email from the repository's config at every deploy (spec 2.1)", async () => {

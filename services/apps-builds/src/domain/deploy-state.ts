@@ -31,6 +31,8 @@ export interface DeployActionUpdate {
   build_id?: string | null;
   error_message?: string | null;
   completed_at?: string | null;
+  /** When deploy-queue wrote this update: updates apply in this order, whatever order they arrive in. */
+  updated_at?: string | null;
   result?: { crash_output?: Record<string, string[]>; purge?: boolean } | null;
 }
 
@@ -47,6 +49,13 @@ function crashOutput(result: DeployActionUpdate["result"]): Record<string, strin
 export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate): Promise<App | null> {
   const app = await em.findOne(App, { groupSlug: u.group_slug, appName: u.app_name, branch: u.branch });
   if (!app) return null;
+  // Updates can arrive out of order (relay replicas, a redelivered batch): one older than what
+  // the app shows would put back a state that has passed, e.g. deploying after running.
+  const at = u.updated_at ? new Date(u.updated_at) : null;
+  if (at && !Number.isNaN(at.getTime())) {
+    if (app.lastDeployUpdateAt && at < app.lastDeployUpdateAt) return app;
+    app.lastDeployUpdateAt = at;
+  }
   const undeploy = u.action_type === "UNDEPLOY";
   app.lastDeployActionId = u.action_id;
   app.lastDeployStatus = u.status;

@@ -51,6 +51,8 @@ export const AppSchema = defineEntity({
     lastDeployActionId: p.uuid().nullable(),
     lastDeployStatus: p.text().nullable(),
     lastDeployError: p.text().nullable(),
+    /** When deploy-queue wrote the action update the last_* and running_* fields follow. */
+    lastDeployUpdateAt: p.datetime().nullable(),
     /** service name -> at most 30 lines, captured when the latest deploy failed its health checks. */
     lastCrashOutput: p.json<Record<string, string[]>>().nullable(),
     /** PATCH primary-services: per-service overrides, effective immediately. */
