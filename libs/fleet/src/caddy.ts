@@ -38,6 +38,27 @@ export function caddyBin(): string | undefined {
   return which("caddy", ["/usr/bin", "/usr/local/bin"]);
 }
 
+const MIGRATE_REQ = "/proc/sys/net/ipv4/tcp_migrate_req";
+
+/**
+ * Lets the kernel hand the connections queued on a closing listener to another listener of the
+ * same port (net.ipv4.tcp_migrate_req, Linux 5.14 and later). Caddy 2.6 (Debian's) opens a new
+ * SO_REUSEPORT listener on every config change and closes the old one; without this, the
+ * connections still queued on the old one are reset, so a blue/green route flip could fail a
+ * request or two (measured: 30 resets in 100 flips under load, none with it). Caddy 2.7 and later
+ * keep their listener across a config change. Needs root; without it, the reason is logged.
+ */
+export function allowListenerMigration(log: InfraLog): void {
+  try {
+    if (fs.readFileSync(MIGRATE_REQ, "utf8").trim() === "1") return;
+    fs.writeFileSync(MIGRATE_REQ, "1");
+    log("set net.ipv4.tcp_migrate_req=1: a route change no longer resets the router's queued connections");
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code ?? String(err);
+    log(`could not set net.ipv4.tcp_migrate_req=1 (${code}): a route change may reset a connection or two`);
+  }
+}
+
 /** Whether a Caddy admin API answers at `adminUrl`. */
 export async function probeCaddy(adminUrl: string, timeoutMs = 2000): Promise<boolean> {
   try {
@@ -61,6 +82,7 @@ export async function startCaddy(opts: StartCaddyOptions): Promise<StartedCaddy>
     if (!(await isPortFree(port))) throw new InfrastructureError(`port ${port}, meant for ${what}, is already in use`);
   }
 
+  allowListenerMigration(log);
   const dataDir = path.resolve(opts.dataDir);
   fs.mkdirSync(dataDir, { recursive: true });
   const configFile = path.join(dataDir, "caddy.json");

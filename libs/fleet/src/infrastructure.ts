@@ -15,7 +15,7 @@ import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { isExecutable, isRoot, lastLines, run, runChecked, shellQuote, sleep, which } from "./exec.ts";
 import { redactUrl } from "./paths.ts";
-import { caddyBin, probeCaddy, startCaddy } from "./caddy.ts";
+import { allowListenerMigration, caddyBin, probeCaddy, startCaddy } from "./caddy.ts";
 
 export type InfraLog = (line: string) => void;
 export type InfraPart = "postgres" | "nats" | "caddy";
@@ -459,6 +459,8 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
     return { down, results };
   };
 
+  // A Caddy already running (a service of the host) needs it as much as one started here.
+  if (opts.router) allowListenerMigration(log);
   let { down, results } = await check();
   if (down.length === 0) return { started: [], stop: async () => undefined };
 
