@@ -8,7 +8,7 @@ import { resolve as resolvePath } from "node:path";
 import { readFileSync } from "node:fs";
 import { agentEnv, allowFileRepos, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
-import { connectBus, parseGroupRenamed, subjects, subscribe, traceHeaders } from "@platform/bus";
+import { connectBus, parseGroupRenamed, runConsumer, subjects, traceHeaders, type EventEnvelope } from "@platform/bus";
 import { LogShipper } from "@platform/logship";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, DeployQueueService } from "@platform/proto";
@@ -69,19 +69,25 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   await beat();
   const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
   // Every agent hears of a renamed group (identity's group_renamed) and relabels what it runs in it;
-  // the fleet's view of its services follows at once rather than at the next heartbeat.
-  const renames = subscribe(
+  // the fleet's view of its services follows at once rather than at the next heartbeat. A durable
+  // of its own, acked once the host state is saved: a rename while the agent was down (or a crash
+  // before the save) is applied when it is back; relabelling again is a no-op. Renames from before
+  // the agent's first start concern nothing it runs.
+  const renames = await runConsumer({
     bus,
-    subjects.events.groupRenamed,
-    async (event) => {
-      const { previous_slug, slug } = parseGroupRenamed(event.data);
+    stream: subjects.streams(bus.prefix).events.name,
+    durable: `agent-${config.AGENT_HOST_ID}-group-renamed`,
+    filterSubject: bus.subject(subjects.events.groupRenamed),
+    startAt: "new",
+    logger,
+    async handle(msg) {
+      const { previous_slug, slug } = parseGroupRenamed(msg.json<EventEnvelope>().data ?? {});
       const relabelled = await runtime.relabelGroup(previous_slug, slug);
       if (relabelled === 0) return;
       logger.info({ previous_slug, slug, apps: relabelled }, "group renamed: its apps here relabelled");
       await beat();
     },
-    logger,
-  );
+  });
   const work = await startWorkLane({
     bus,
     hostId: config.AGENT_HOST_ID,
@@ -121,7 +127,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     });
   } catch (err) {
     clearInterval(timer);
-    renames.unsubscribe();
+    await renames.stop();
     await work.stop();
     await preflight.stop();
     await runtime.close();
@@ -138,7 +144,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     beat,
     async close() {
       clearInterval(timer);
-      renames.unsubscribe();
+      await renames.stop();
       await work.stop();
       await preflight.stop();
       await new Promise<void>((resolve) => server.close(() => resolve()));

@@ -224,6 +224,11 @@ export interface ConsumerOptions {
   handle: (msg: JsMsg) => Promise<void>;
   /** How long a handler may take before JetStream redelivers (default 30 s). */
   ackWaitMs?: number;
+  /**
+   * Where a durable made now starts: `all` the stream holds (default), or `new` messages only,
+   * for a consumer to whom older events mean nothing (an agent installed after them).
+   */
+  startAt?: "all" | "new";
 }
 
 export interface RunningConsumer {
@@ -324,7 +329,7 @@ async function consumeDurably(opts: Omit<ConsumerOptions, "handle">, take: (msg:
       durable_name: opts.durable,
       filter_subject: opts.filterSubject,
       ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
+      deliver_policy: opts.startAt === "new" ? DeliverPolicy.New : DeliverPolicy.All,
       ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
       max_deliver: -1,
     })
