@@ -231,13 +231,20 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     await enter("package");
     const image = path.join(deps.imageDir, job.app_name, `${job.tag}.tar.gz`);
     await mkdir(path.dirname(image), { recursive: true });
-    const tar = await runCommand(`tar --exclude=./.git -czf ${JSON.stringify(image)} -C ${JSON.stringify(src)} .`, {
+    // Written beside, then renamed into place: an archive cut short (a timeout, a full disk, the
+    // agent stopped) is never taken for the image by a later deploy on this host.
+    const partial = `${image}.${process.pid}.partial`;
+    const tar = await runCommand(`tar --exclude=./.git -czf ${JSON.stringify(partial)} -C ${JSON.stringify(src)} .`, {
       cwd: workspace,
       env: { PATH: process.env.PATH },
       deadline,
       onLine: (line) => emit("warning", line),
     });
-    if (tar.code !== 0) throw new BuildFailure("Packaging the build output failed.");
+    if (tar.timedOut || tar.code !== 0) {
+      await rm(partial, { force: true });
+      throw new BuildFailure(tar.timedOut ? "Packaging the build output exceeded the build's time limit." : "Packaging the build output failed.");
+    }
+    await rename(partial, image);
     const size = (await stat(image)).size;
     emit("info", `Image ${job.app_name}:${job.tag} stored (${Math.round(size / 1024)} KiB)`);
     // An image that only this host has would fail the deploys that land on other hosts.
