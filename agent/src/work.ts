@@ -130,26 +130,28 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       msg.nak(UNSUPPORTED_RETRY_MS);
       return;
     }
-    if (running.has(actionId)) {
-      msg.nak(ACK_WAIT_MS);
-      return;
-    }
     const outcome = await claimAndRun(actionId, actionType, () => msg.working());
     if (outcome === "refused") msg.nak(ADMISSION_RETRY_MS);
+    else if (outcome === "busy") msg.nak(ACK_WAIT_MS);
   };
 
-  /** Claims the action and runs it; "refused" when admission said not now. */
-  const claimAndRun = async (actionId: string, actionType: string, working: () => void): Promise<"done" | "dropped" | "refused"> => {
-    const claim = await queue.claimAction({ actionId, hostId });
-    if (claim.drop) return "dropped";
-    if (!claim.claimed || !claim.action) return "refused";
+  /**
+   * Claims the action and runs it; "refused" when admission said not now, "busy" when this
+   * process is claiming or running it already. The action counts as running from before its claim:
+   * a resumed deploy and its redelivered message, both claimed as a resume, would run it twice.
+   */
+  const claimAndRun = async (actionId: string, actionType: string, working: () => void): Promise<"done" | "dropped" | "refused" | "busy"> => {
+    if (running.has(actionId)) return "busy";
     running.add(actionId);
     try {
+      const claim = await queue.claimAction({ actionId, hostId });
+      if (claim.drop) return "dropped";
+      if (!claim.claimed || !claim.action) return "refused";
       await run(actionId, actionType, claim.action, working);
+      return "done";
     } finally {
       running.delete(actionId);
     }
-    return "done";
   };
 
   const run = async (actionId: string, actionType: string, action: ActionMsg, working: () => void) => {
