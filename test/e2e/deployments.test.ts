@@ -392,6 +392,9 @@ describe("undeploy", () => {
     await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
     expect(await getApp()).toMatchObject({ running_version: null, running_since: null, running_build_id: null, deploy_warning: null, urls: [], services: [{ name: "web", url: null }] });
     expect((await viaRouter(`${url}/`)).status).toBe(404);
+    // What the app declares is said before that nothing runs: an undeclared service is 404.
+    expect((await call(api, "POST", `/services/${APP}/nope/stop`, { credential: acme })).status).toBe(404);
+    expect(await call(api, "POST", `/services/${APP}/web/stop`, { credential: acme })).toMatchObject({ status: 409, body: { detail: { code: "nothing_running" } } });
   });
 
   it("with purge also deletes the branch's images and builds", async () => {

@@ -288,13 +288,19 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           }
           case "SERVICE_ACTION": {
             if (!["restart", "stop", "start"].includes(req.action)) throw PlatformError.invalid("action must be restart, stop or start.");
-            if (app.deployStatus === "undeployed" || !app.runningVersion) {
+            const running = app.deployStatus !== "undeployed" && Boolean(app.runningVersion);
+            // What the app declares is said before whether anything runs (spec doc 2 section 4.10:
+            // a static service is refused 422, an undeclared one 404): from the release serving,
+            // else from the latest build's, when there is one.
+            const tag = running ? app.runningVersion! : (app.latestBuild ?? "");
+            const resolving = tag ? apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: tag, skipPreflight: true, explicitGroup: req.explicitGroup }) : null;
+            const release = running ? await resolving : await resolving?.catch(() => null);
+            const config = release ? (JSON.parse(release.configJson) as { type?: string; services?: Record<string, unknown> }) : null;
+            const shapes = Object.keys(config?.services ?? {}).map((name) => ({ name, isStatic: config?.type === "static" }));
+            const targets = config ? serviceTargets(app.appName, shapes, req.services[0] ?? null) : null;
+            if (!running || !targets) {
               throw PlatformError.conflict({ code: "nothing_running", message: `Nothing runs on branch '${app.branch}' of '${app.appName}': deploy it first.` });
             }
-            const release = await apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: app.runningVersion, skipPreflight: true, explicitGroup: req.explicitGroup });
-            const config = JSON.parse(release.configJson) as { type?: string; services?: Record<string, unknown> };
-            const shapes = Object.keys(config.services ?? {}).map((name) => ({ name, isStatic: config.type === "static" }));
-            const targets = serviceTargets(app.appName, shapes, req.services[0] ?? null);
             const actions = await ctx.write(async (em) => {
               const out: Action[] = [];
               for (const service of targets.services) {
