@@ -247,10 +247,17 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     await rename(partial, image);
     const size = (await stat(image)).size;
     emit("info", `Image ${job.app_name}:${job.tag} stored (${Math.round(size / 1024)} KiB)`);
-    // An image that only this host has would fail the deploys that land on other hosts.
-    await deps.publishImage(job.app_name, job.tag, image).catch((err: unknown) => {
-      throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
+    // An image that only this host has would fail the deploys that land on other hosts. The
+    // store answering slowly (NATS cut off) must not hold the build past its own time limit.
+    let timer: NodeJS.Timeout | undefined;
+    const outOfTime = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error("it exceeded the build's time limit")), Math.max(0, deadline - Date.now()));
     });
+    await Promise.race([deps.publishImage(job.app_name, job.tag, image), outOfTime])
+      .catch((err: unknown) => {
+        throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
+      })
+      .finally(() => clearTimeout(timer));
     if (job.auto_deploy && deps.releaseDir) await keepRelease(src, deps.releaseDir(job));
     result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
     emit("info", `Image ${job.app_name}:${job.tag} published to the fleet's image store`);

@@ -67,3 +67,11 @@ it("keeps nothing of a build no deploy follows", async () => {
   expect(outcome.status).toBe("completed");
   await expect(stat(releaseDir(path.join(dir, "run"), "acme", "node-web", repo.branch, "main-00000002"))).rejects.toThrow(/ENOENT/);
 });
+
+it("fails a build whose image the fleet's store does not take within the build's time limit, leaving no partial archive", async () => {
+  const started = Date.now();
+  const outcome = await runBuild(job("main-00000003", false), { ...deps(), timeoutMs: 3_000, publishImage: () => new Promise<void>(() => undefined) });
+  expect(outcome).toMatchObject({ status: "failed", error_message: expect.stringContaining("exceeded the build's time limit") });
+  expect(Date.now() - started).toBeLessThan(10_000);
+  expect((await readdir(path.join(dir, "images", "node-web"))).filter((f) => f.endsWith(".partial"))).toEqual([]);
+});
