@@ -222,6 +222,12 @@ export class Deployer {
   /** DEPLOY and RETRY. */
   async deploy(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
+    // An earlier deploy of this branch left in flight (its route flip gave up past the swap
+    // commit) is settled first: the queue runs one deploy of a branch at a time, so it is over,
+    // and the new colour must not meet its replicas.
+    for (const stale of d.state.allInflight()) {
+      if (stale.actionId !== job.action_id && stale.next.app === job.app_name && stale.next.branch === job.branch) await this.abandon(stale.actionId);
+    }
     // Found by app and branch: a group renamed since the last deploy keeps the app's key.
     const previous = d.state.appOf(job.app_name, job.branch);
     const key = previous?.key ?? appKey(job.group_slug, job.app_name, job.branch);
@@ -441,7 +447,7 @@ export class Deployer {
     const pending = this.#d.state.inflight(actionId);
     if (!pending) return;
     const emit = (level: LogLevel, message: string) => this.#d.log({ level, message, phase: "abandon" });
-    await this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }));
+    await this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }), `Deploy ${actionId} was left unfinished`);
   }
 
   /** An action claimed again after an agent restart: finish a committed swap, else clean up. */
@@ -449,6 +455,7 @@ export class Deployer {
     pending: InflightDeploy,
     emit: (l: LogLevel, m: string, s?: string) => void,
     finish: (s: DeployOutcome["status"], e: string) => DeployOutcome,
+    what = "The agent restarted during the deploy",
   ): Promise<DeployOutcome> {
     const d = this.#d;
     if (pending.swapCommitted) {
@@ -459,12 +466,12 @@ export class Deployer {
       await this.#commit(pending, prior, emit);
       await this.#drain(prior, emit);
       await d.state.clearInflight(pending.actionId);
-      emit("info", "The agent restarted after the swap commit; the deploy was finished");
+      emit("info", `${what}, after the swap commit: the deploy was finished`);
       return finish("completed", "");
     }
     await this.#stopReplicas(pending.replicas);
     await d.state.clearInflight(pending.actionId);
-    const message = "The agent restarted during the deploy, before the swap: the new colour was stopped and the running version kept serving.";
+    const message = `${what}, before the swap: the new colour was stopped and the running version kept serving.`;
     emit("error", message);
     return finish("failed", message);
   }

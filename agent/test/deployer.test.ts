@@ -175,6 +175,29 @@ it("resumed after the agent stopped while draining, stops the colour that served
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 
+it("settles a deploy an earlier action left past its swap commit before it deploys the branch again", async () => {
+  const before = state.appOf("node-web", "main")!;
+  const left = { ...job, action_id: "6c2d1e0f-9b8a-4c7d-8e6f-5a4b3c2d1e0f", image_tag: before.tag };
+  const interrupted = new Deployer({
+    ...baseDeps,
+    phase: async (name) => {
+      if (name === "drain") throw new Error("the route flip gave up");
+      return false;
+    },
+  });
+  expect((await interrupted.deploy(left)).status).toBe("failed");
+  expect(state.inflight(left.action_id)).toBeDefined();
+
+  // The next deploy of the branch, same tag: its new colour is the one the old replicas still hold.
+  lines.length = 0;
+  const next = await deployer.deploy({ ...job, action_id: "7d3e2f10-0c9b-4d8e-9f70-6b5c4d3e2f10", image_tag: before.tag });
+  expect(next.status).toBe("completed");
+  expect(lines).toContain(`Deploy ${left.action_id} was left unfinished, after the swap commit: the deploy was finished`);
+  expect(state.allInflight()).toEqual([]);
+  expect(driver.list().filter((r) => r.running)).toHaveLength(1);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
 it("keeps a branch deployed before its group was renamed as the same app: relabelled, swapped by a redeploy, stopped by an undeploy", async () => {
   const before = state.appOf("node-web", "main")!;
   expect(before).toMatchObject({ key: "acme/node-web/main", group: "acme" });
