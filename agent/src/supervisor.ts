@@ -98,7 +98,8 @@ export class Supervisor {
 
   #exited(state: ReplicaState): void {
     const entry = this.#desired.get(state.spec.id);
-    if (!entry || this.#closed) return;
+    // A restart already scheduled (desire() saw the exit first) covers this exit too.
+    if (!entry || this.#closed || entry.timer) return;
     const ranMs = (state.exit?.at ?? new Date()).getTime() - state.startedAt.getTime();
     if (ranMs >= STABLE_RUN_MS) entry.failures = 0;
     const delay = this.#retryIn(entry);
@@ -121,6 +122,8 @@ export class Supervisor {
     entry.timer = null;
     if (!this.#current(entry)) return;
     const { spec } = entry;
+    // Started meanwhile (by whoever saw the exit first): nothing to do.
+    if (this.#driver.list().some((r) => r.spec.id === spec.id && r.running)) return;
     try {
       await this.#driver.start(spec);
     } catch (err) {
