@@ -133,21 +133,24 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const routesKeeper = deployer({ log: () => undefined, phase: async () => false });
 
   // The whole table at every agent start (the router may hold what an agent killed mid-change
-  // left there), then again whenever the router comes back without it (a Caddy restart).
-  const reassert = async (always: boolean) => {
+  // left there), as soon as the router answers, then again whenever it comes back without it
+  // (a Caddy restart).
+  let asserted = false;
+  const reassert = async () => {
     try {
-      if (always || (await router.current()) === null) {
+      if (!asserted || (await router.current()) === null) {
         await routesKeeper.reassertRoutes();
+        asserted = true;
         o.logger.info({ apps: state.apps().length }, "routing table asserted");
       }
     } catch (err) {
       o.logger.warn({ err }, "router not reachable; routes are asserted again when it answers");
     }
   };
-  await reassert(true);
+  await reassert();
   let checking: Promise<void> | null = null;
   const timer = setInterval(() => {
-    checking ??= reassert(false).finally(() => {
+    checking ??= reassert().finally(() => {
       checking = null;
     });
   }, ROUTER_CHECK_MS);
