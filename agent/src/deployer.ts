@@ -102,6 +102,9 @@ export interface DeployOutcome {
   result: Record<string, unknown>;
 }
 
+/** Deploys being settled (`abandon`), by action id: one host state, so one map per process. */
+const settling = new Map<string, Promise<void>>();
+
 class DeployFailure extends Error {
   readonly crashOutput: Record<string, string[]> | null;
   constructor(message: string, crashOutput: Record<string, string[]> | null = null) {
@@ -444,10 +447,17 @@ export class Deployer {
    * outcome to report.
    */
   async abandon(actionId: string): Promise<void> {
+    // Settled once: the agent's start and the branch's next deploy may both come to it.
+    const running = settling.get(actionId);
+    if (running) return running;
     const pending = this.#d.state.inflight(actionId);
     if (!pending) return;
     const emit = (level: LogLevel, message: string) => this.#d.log({ level, message, phase: "abandon" });
-    await this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }), `Deploy ${actionId} was left unfinished`);
+    const settled = this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }), `Deploy ${actionId} was left unfinished`)
+      .then(() => undefined)
+      .finally(() => settling.delete(actionId));
+    settling.set(actionId, settled);
+    return settled;
   }
 
   /** An action claimed again after an agent restart: finish a committed swap, else clean up. */
