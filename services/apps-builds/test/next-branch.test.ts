@@ -19,6 +19,7 @@ describe("next branch preview", () => {
     expect(nextBranchPreview(branches, "main")).toMatchObject({ wouldBeProduction: null, productionBranch: "main", copyRefusal: { code: "app_exists" } });
     expect(nextBranchPreview(branches, "Feature-X")).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "branch_collides" } });
     expect(nextBranchPreview(branches, "a..b")).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "invalid_branch" } });
+    expect(nextBranchPreview(branches, "x".repeat(60))).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "label_too_long" } });
   });
 
   it("would make the first branch production, into which nothing is copied", () => {

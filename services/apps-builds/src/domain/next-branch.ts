@@ -4,7 +4,7 @@
  * registration enforces (registration.ts) and enforces nothing itself.
  */
 import type { App } from "../entities/index.ts";
-import { branchLabel, checkBranch } from "./naming.ts";
+import { branchLabel, checkBranch, checkBranchHostLabel } from "./naming.ts";
 
 export interface NextBranchPreview {
   /** null: the branch cannot be registered (taken, colliding or not a valid name). */
@@ -37,6 +37,13 @@ export function nextBranchPreview(branches: Pick<App, "appName" | "branch" | "br
   if (branches.some((b) => b.branch === branch)) return refused("app_exists", `App '${appName}' already has branch '${branch}'.`);
   const sibling = branches.find((b) => b.branchLabel === label);
   if (sibling) return refused("branch_collides", `Branch '${branch}' collides with branch '${sibling.branch}' of '${appName}' once sanitised to '${label}'.`);
+  if (branches.length > 0) {
+    try {
+      checkBranchHostLabel(appName, label);
+    } catch (err) {
+      return refused("label_too_long", err instanceof Error ? err.message : `Branch '${branch}' makes too long a host label.`);
+    }
+  }
   // Registration makes a branch production only when the app has none (registration.ts).
   const wouldBeProduction = branches.length === 0;
   return {
