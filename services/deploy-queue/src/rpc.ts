@@ -338,9 +338,15 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             .catch(() => null);
           isStatic = release ? (JSON.parse(release.configJson) as { type?: string }).type === "static" : false;
         }
-        // An operator who named no group may mean another group's app of that name.
+        // An operator who named no group may mean another group's app of that name and branch.
         const ambiguous =
-          caller.platformOperator && !req.explicitGroup && new Set((await apps.listBranches({ caller, appName: req.appName })).branches.map((b) => b.groupSlug)).size > 1;
+          caller.platformOperator &&
+          !req.explicitGroup &&
+          new Set(
+            (await apps.listBranches({ caller, appName: req.appName }).catch(() => ({ branches: [] }))).branches
+              .filter((b) => b.branch === app.branch)
+              .map((b) => b.groupSlug),
+          ).size > 1;
         // The agents' reports are read as the status's last input; failing, they make it unknown (read_failed), not an error.
         const agents = await ctx
           .read((em) => em.find(Agent, {}))

@@ -101,7 +101,7 @@ export function servicesStatus(
     ).length;
     const unknown = (reason: string): ServiceStatusView => ({ name, status: "unknown", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason }, ...none });
     if (live.length === 0) return { name, status: "unknown", runtime: { replicas_running: null, hosts_unverified: silent, reason: "no_alive_agents" }, ...none };
-    // Which app's replicas these are cannot be said: they may be another group's app of that name.
+    // The caller did not say which group's app it means; one of them was picked to answer.
     if (ambiguous) return unknown("ambiguous_name");
     if (hostsRunning > 0) return { name, status: "running", runtime: { replicas_running: hostsRunning, hosts_unverified: silent, reason: null }, ...capabilityOf(runningLines) };
     if (live.length < floor) return unknown("fleet_below_floor");
