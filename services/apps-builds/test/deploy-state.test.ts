@@ -201,7 +201,7 @@ async function registerApp(fields: Partial<App> = {}): Promise<App> {
   );
 }
 
-async function addBuild(app: App, tag: string): Promise<string> {
+async function addBuild(app: App, tag: string, config: Record<string, unknown> | null = null): Promise<string> {
   const id = randomUUID();
   await write(async (em) => {
     em.create(Build, {
@@ -218,6 +218,7 @@ async function addBuild(app: App, tag: string): Promise<string> {
       images: [],
       autoDeploy: true,
       createdBy: "api_key:k",
+      config,
     });
   });
   return id;
@@ -281,6 +282,9 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     });
     const after = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1" });
     expect(after).toMatchObject({ databaseEnabled: true, cacheEnabled: false, emailEnabled: true });
+    // A rollback ships an older build: its config decides, not the latest build's.
+    await addBuild(app, "main-0", { services: { web: { run: "node server.js", port: 8080 } }, cache: { enabled: true } });
+    expect(await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-0" })).toMatchObject({ databaseEnabled: false, cacheEnabled: true, emailEnabled: false });
     // Without a repository config yet, the flags stay as they are.
     const bare = await registerApp({ databaseEnabled: true });
     expect(await apply(bare, { action_type: "DEPLOY", status: "completed", image_tag: "main-1" })).toMatchObject({ databaseEnabled: true });

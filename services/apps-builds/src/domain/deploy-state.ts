@@ -84,9 +84,12 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         }
       } else {
         app.deployStatus = "running";
-        // Spec 2.1: database, cache and email follow the repository's config at every deploy.
-        if (app.baseConfig) {
-          const flags = deriveFeatureFlags(app.baseConfig as AppConfig);
+        // Spec 2.1: database, cache and email follow the repository's config at every deploy:
+        // the config of the build deployed (a rollback ships an older one), else the latest.
+        const deployed = u.image_tag ? await em.findOne(Build, { appId: app.id, tag: u.image_tag }, { fields: ["config"] }) : null;
+        const repoConfig = deployed?.config ?? app.baseConfig;
+        if (repoConfig) {
+          const flags = deriveFeatureFlags(repoConfig as AppConfig);
           app.databaseEnabled = flags.database_enabled;
           app.cacheEnabled = flags.cache_enabled;
           app.emailEnabled = flags.email_enabled;
