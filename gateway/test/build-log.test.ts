@@ -28,7 +28,7 @@ describe("build log", () => {
     // Finished in the queue, its row not yet finalised: the stored log is on its way.
     const finishing = create(BuildSchema, { ...running, queueStatus: "build_completed" });
     expect(isRunning(finishing)).toBe(false);
-    expect(fromBuild(finishing, null).message).toBe("The build is build completed and its log is being stored; try again in a moment.");
+    expect(fromBuild(finishing, null).message).toBe("The build is completed and its log is being stored; try again in a moment.");
     expect(isRunning(running)).toBe(true);
   });
 

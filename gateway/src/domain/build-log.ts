@@ -51,7 +51,7 @@ export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } 
     const message =
       !build.queueStatus || build.queueStatus === "queued"
         ? "The build is queued: no agent has started it yet, so it has no output."
-        : `The build is ${build.queueStatus.replaceAll("_", " ")} and its log is being stored; try again in a moment.`;
+        : `The build is ${build.queueStatus.replace(/^build_/, "").replaceAll("_", " ")} and its log is being stored; try again in a moment.`;
     return { ...base, message, log: "", lines: 0 };
   }
   if (tail === null) {
