@@ -18,6 +18,7 @@ import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
+import { removePartialImages } from "./builder.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -88,6 +89,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       await beat();
     },
   });
+  const partials = await removePartialImages(resolvePath(config.AGENT_IMAGE_DIR));
+  if (partials > 0) logger.info({ removed: partials }, "partial image archives from before the agent started removed");
   const work = await startWorkLane({
     bus,
     hostId: config.AGENT_HOST_ID,

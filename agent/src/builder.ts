@@ -6,7 +6,7 @@
  * honoured between phases; the whole build has a deadline.
  */
 import { spawn } from "node:child_process";
-import { mkdir, mkdtemp, readFile, rename, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
@@ -67,6 +67,23 @@ const PHASE_TAIL_LINES = 200;
 
 class BuildFailure extends Error {}
 class BuildCancelled extends Error {}
+
+/**
+ * Archives an agent stopped while packaging left beside their final names (`<tag>.tar.gz.<pid>.partial`):
+ * removed when the agent starts, before any build could be writing one.
+ */
+export async function removePartialImages(imageDir: string): Promise<number> {
+  let removed = 0;
+  for (const app of await readdir(imageDir, { withFileTypes: true }).catch(() => [])) {
+    if (!app.isDirectory()) continue;
+    for (const file of await readdir(path.join(imageDir, app.name))) {
+      if (!file.endsWith(".partial")) continue;
+      await rm(path.join(imageDir, app.name, file), { force: true });
+      removed++;
+    }
+  }
+  return removed;
+}
 
 /** Runs a command through `sh -c` in its own process group, streaming lines; killed at the deadline. */
 function runCommand(

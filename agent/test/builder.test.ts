@@ -4,11 +4,11 @@
  * on this host looks for the release, so it need not unpack the image it was just packed into.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { mkdtemp, readdir, readFile, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
-import { runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
+import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
 import { releaseDir } from "../src/deployer.ts";
 
 let dir: string;
@@ -68,10 +68,19 @@ it("keeps nothing of a build no deploy follows", async () => {
   await expect(stat(releaseDir(path.join(dir, "run"), "acme", "node-web", repo.branch, "main-00000002"))).rejects.toThrow(/ENOENT/);
 });
 
-it("fails a build whose image the fleet's store does not take within the build's time limit, leaving no partial archive", async () => {
+it("fails a build whose image the fleet's store does not take within the build's time limit", async () => {
   const started = Date.now();
   const outcome = await runBuild(job("main-00000003", false), { ...deps(), timeoutMs: 3_000, publishImage: () => new Promise<void>(() => undefined) });
   expect(outcome).toMatchObject({ status: "failed", error_message: expect.stringContaining("exceeded the build's time limit") });
   expect(Date.now() - started).toBeLessThan(10_000);
-  expect((await readdir(path.join(dir, "images", "node-web"))).filter((f) => f.endsWith(".partial"))).toEqual([]);
+});
+
+it("removes the partial archives an agent stopped while packaging left, and nothing else", async () => {
+  const images = path.join(dir, "partials");
+  await mkdir(path.join(images, "shop"), { recursive: true });
+  await writeFile(path.join(images, "shop", "main-1.tar.gz"), "a whole archive");
+  await writeFile(path.join(images, "shop", "main-2.tar.gz.4242.partial"), "cut short");
+  expect(await removePartialImages(images)).toBe(1);
+  expect(await readdir(path.join(images, "shop"))).toEqual(["main-1.tar.gz"]);
+  expect(await removePartialImages(path.join(dir, "no-such-dir"))).toBe(0);
 });
