@@ -173,7 +173,7 @@ describe("logGroupSql", () => {
 
   it("finds the app an id names through the lines that carry it", () => {
     const sql = logGroupSql(normaliseLogQuery({ appName: "shop", deploymentId: "ABC-1", source: "container" }, now), { kind: "all" });
-    expect(sql.text).toContain("exists (select 1 from log_lines l where l.deployment_id = $1 and l.app_name = g.app_name)");
+    expect(sql.text).toContain("g.app_name = (select l.app_name from log_lines l where l.deployment_id = $1 limit 1)");
     expect(sql.text).not.toContain("g.app_name = $");
     expect(sql.values).toEqual(["abc-1"]);
   });

@@ -191,7 +191,7 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
     // Container lines carry no ids: there the id names its app (spec 4.6, "identifies the
     // owning app"), through any line that carries it. Other lines are the id's own.
     if (q.source === "container") {
-      where.push(`app_name = (select l.app_name from log_lines l where l.${column} = ${id}${group ? ` and l.group_slug = ${group}` : ""} limit 1)`);
+      where.push(`app_name = ${owningApp(column, id, group)}`);
     } else {
       where.push(`${column} = ${id}`);
     }
@@ -271,7 +271,8 @@ export function logGroupSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "non
     return `$${values.length}`;
   };
   const where: string[] = [];
-  if (scope.kind === "group") where.push(`g.group_slug = ${param(scope.slug)}`);
+  const group = scope.kind === "group" ? param(scope.slug) : null;
+  if (group) where.push(`g.group_slug = ${group}`);
   if (q.appName) where.push(`g.app_name = ${param(q.appName)}`);
   if (q.branch) where.push(`g.branch = ${param(q.branch)}`);
   if (q.serviceName) where.push(`g.service_name = ${param(q.serviceName)}`);
@@ -282,10 +283,15 @@ export function logGroupSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "non
     ["action_id", q.actionId],
   ] as const;
   for (const [column, id] of ids) {
-    if (id) where.push(`exists (select 1 from log_lines l where l.${column} = ${param(id)} and l.app_name = g.app_name)`);
+    if (id) where.push(`g.app_name = ${owningApp(column, param(id), group)}`);
   }
   const clause = where.length > 0 ? ` where ${where.join(" and ")}` : "";
   return { text: `select exists (select 1 from log_groups g${clause}) as found`, values };
+}
+
+/** The app an id names (spec 4.6), as SQL: the app of a line that carries it, within the group. */
+function owningApp(column: "deployment_id" | "build_id" | "action_id", id: string, group: string | null): string {
+  return `(select l.app_name from log_lines l where l.${column} = ${id}${group ? ` and l.group_slug = ${group}` : ""} limit 1)`;
 }
 
 /** `total` and `has_more` from the counted rows (see COUNT_CAP). */
