@@ -10,6 +10,7 @@ import { startService, type RunningService } from "@platform/service";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_queue.ts";
 import { deploymentMigrations } from "./migrations/0002_deployments.ts";
+import { groupRenameMigrations } from "./migrations/0003_group_renames.ts";
 import { createServiceClient } from "@platform/rpc";
 import { consumeGroupEvents } from "@platform/bus";
 import { AppsBuildsService } from "@platform/proto";
@@ -24,7 +25,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
     name: "deploy-queue",
     config,
     entities,
-    migrations: [...migrations, ...deploymentMigrations],
+    migrations: [...migrations, ...deploymentMigrations, ...groupRenameMigrations],
     routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }), { fleetFloor: config.FLEET_FLOOR }),
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);

@@ -13,6 +13,7 @@ import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.t
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 import { failOrphanedActions } from "./domain/orphans.ts";
 import { createAppAction } from "./domain/deployments.ts";
+import { currentSlugs } from "./domain/groups.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const REDISPATCH_INTERVAL_MS = 30_000;
@@ -151,8 +152,10 @@ export function startReconcileConsumer(ctx: ServiceContext): Promise<RunningCons
     ledger: "deploy-queue.reconcile-requested",
     parse: parseReconcileRequested,
     async accept(em, requests, dispatched) {
+      const renamed = await currentSlugs(em, requests.map((r) => r.group_slug));
       for (const r of requests) {
-        await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug: r.group_slug, appName: r.app_name, branch: r.branch }, r.requested_by, new Date(), dispatched);
+        const groupSlug = renamed.get(r.group_slug) ?? r.group_slug;
+        await createAppAction(em, { actionType: "RECONCILE_ROUTING", groupSlug, appName: r.app_name, branch: r.branch }, r.requested_by, new Date(), dispatched);
       }
     },
   });

@@ -22,6 +22,7 @@ import { redispatchFromSilentHosts } from "../src/domain/placement.ts";
 import { pruneTerminal } from "../src/domain/pruning.ts";
 import { recordHistory } from "../src/domain/history.ts";
 import { BUILD_REQUESTED_DURABLE } from "../src/workers.ts";
+import { currentSlugs, forgetGroup, rekeyGroup } from "../src/domain/groups.ts";
 
 const logger = createLogger({ service: "deploy-queue-test", level: "silent", pretty: false });
 
@@ -556,6 +557,23 @@ describe("a renamed or deleted group", () => {
     expect(listed.items.map((a) => a.actionId).sort()).toEqual([moving.buildId, moving.deployId].sort());
     expect((await client.listQueue({ caller: caller("umbrella"), all: true })).items).toEqual([]);
     expect((await row(staying.buildId)).groupSlug).toBe("tyrell");
+
+    // A build requested under the old slug and handled after the rename is filed under the new one.
+    const late = await queueBuild({ group_slug: "umbrella", app_name: "hive-late" });
+    expect(await row(late.buildId)).toMatchObject({ groupSlug: "umbrella-corp", payload: expect.objectContaining({ group_slug: "umbrella-corp" }) });
+    expect((await row(late.deployId)).groupSlug).toBe("umbrella-corp");
+  });
+
+  it("remembers every earlier slug of a renamed group, through renames in a row and back", async () => {
+    await service.ctx.write((em) => rekeyGroup(em, "wayne", "wayne-co"));
+    await service.ctx.write((em) => rekeyGroup(em, "wayne-co", "wayne-ent"));
+    const now = (slugs: string[]) => service.ctx.read((em) => currentSlugs(em, slugs));
+    expect(await now(["wayne", "wayne-co", "wayne-ent", "tyrell"])).toEqual(new Map([["wayne", "wayne-ent"], ["wayne-co", "wayne-ent"]]));
+    await service.ctx.write((em) => rekeyGroup(em, "wayne-ent", "wayne"));
+    expect(await now(["wayne", "wayne-co", "wayne-ent"])).toEqual(new Map([["wayne-co", "wayne"], ["wayne-ent", "wayne"]]));
+    // A deleted group's slugs are forgotten: a new group may take them.
+    await service.ctx.write((em) => forgetGroup(em, ["wayne", "wayne-co", "wayne-ent"]));
+    expect(await now(["wayne", "wayne-co", "wayne-ent"])).toEqual(new Map());
   });
 
   it("drops the actions and history under any slug a deleted group had (group_deleted)", async () => {

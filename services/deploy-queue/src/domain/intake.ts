@@ -7,6 +7,7 @@
 import { subjects } from "@platform/bus";
 import { outboxEvent, type EntityManager, type OutboxRow } from "@platform/db";
 import { actionUpdated, type AnnouncedAction } from "./events.ts";
+import { currentSlugs } from "./groups.ts";
 import { agentLoads, placeAction, type Dispatched } from "./placement.ts";
 
 /** The event's data, as apps-builds enqueues it. */
@@ -91,6 +92,7 @@ export async function acceptBuildRequest(em: EntityManager, req: BuildRequested,
 export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequested[], now: Date, dispatched?: Dispatched[]): Promise<NewAction[]> {
   if (reqs.length === 0) return [];
   const loads = await agentLoads(em, now);
+  const renamed = await currentSlugs(em, reqs.map((r) => r.group_slug));
   const actions: NewAction[] = [];
   const events: QueuedEvent[] = [];
   const sent: Dispatched[] = [];
@@ -104,7 +106,7 @@ export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequeste
   for (const req of reqs) {
     if (seen.has(req.build_id)) continue;
     seen.add(req.build_id);
-    const [build, ...dependents] = newBuildActions(req);
+    const [build, ...dependents] = newBuildActions({ ...req, group_slug: renamed.get(req.group_slug) ?? req.group_slug });
     const placed = placeAction(build, now, loads);
     send(build, placed.subject, placed.message);
     actions.push(build);
