@@ -74,6 +74,14 @@ async function getKeepAlive(host: string, agent: http.Agent, onRetry: () => void
   }
 }
 
+/**
+ * What the router serves at `host` and `path`, as soon as it serves the config just written:
+ * Caddy's old config still answers a connection it accepted in the moment the admin API returned.
+ */
+function served(host: string, urlPath = "/") {
+  return expect.poll(() => get(host, urlPath), { timeout: 3_000 });
+}
+
 function frontDoor(colour: "blue" | "green", key = "grp/app/main", hosts = [HOST]): RouteSpec {
   return { key, hosts, mounts: [{ service: "web", path: "/", upstreams: [upstreams[colour].dial] }] };
 }
@@ -110,9 +118,9 @@ describe("route ids", () => {
 describe("CaddyRouter on a real Caddy", () => {
   it("assertAll serves a front door on plain HTTP; any other host gets 404", async () => {
     await router.assertAll([frontDoor("blue")]);
-    expect(await get(HOST)).toEqual({ status: 200, body: "blue" });
-    expect(await get(HOST, "/any/path")).toEqual({ status: 200, body: "blue" });
-    expect(await get("nothing.t.localhost")).toEqual({ status: 404, body: NOT_FOUND_BODY });
+    await served(HOST).toEqual({ status: 200, body: "blue" });
+    await served(HOST, "/any/path").toEqual({ status: 200, body: "blue" });
+    await served("nothing.t.localhost").toEqual({ status: 404, body: NOT_FOUND_BODY });
     expect(await router.current()).toEqual(["grp/app/main"]);
   });
 
@@ -121,7 +129,7 @@ describe("CaddyRouter on a real Caddy", () => {
     expect((await router.current())?.sort()).toEqual(["grp/app/main", "other"]);
     await router.assertAll([frontDoor("blue")]);
     expect(await router.current()).toEqual(["grp/app/main"]);
-    expect((await get("other.t.localhost")).status).toBe(404);
+    await served("other.t.localhost").toMatchObject({ status: 404 });
   });
 
   it("path mounts: the longest mount wins, /api serves /api and below but not /apix", async () => {
@@ -135,12 +143,12 @@ describe("CaddyRouter on a real Caddy", () => {
       ],
     });
     const h = "mounts.t.localhost";
-    expect(await get(h, "/api/x")).toEqual({ status: 200, body: "api" });
-    expect(await get(h, "/api")).toEqual({ status: 200, body: "api" });
-    expect(await get(h, "/apix")).toEqual({ status: 200, body: "blue" });
-    expect(await get(h, "/")).toEqual({ status: 200, body: "blue" });
-    expect(await get(h, "/api/docs/v1")).toEqual({ status: 503, body: NO_REPLICA_BODY });
-    expect(await get(HOST)).toEqual({ status: 200, body: "blue" });
+    await served(h, "/api/x").toEqual({ status: 200, body: "api" });
+    await served(h, "/api").toEqual({ status: 200, body: "api" });
+    await served(h, "/apix").toEqual({ status: 200, body: "blue" });
+    await served(h, "/").toEqual({ status: 200, body: "blue" });
+    await served(h, "/api/docs/v1").toEqual({ status: 503, body: NO_REPLICA_BODY });
+    await served(HOST).toEqual({ status: 200, body: "blue" });
     expect((await router.current())?.sort()).toEqual(["grp/app/main", "mounts"]);
   });
 
@@ -150,7 +158,7 @@ describe("CaddyRouter on a real Caddy", () => {
       hosts: ["api-only.t.localhost"],
       mounts: [{ service: "api", path: "/api", upstreams: [upstreams.blue.dial, upstreams.green.dial] }],
     });
-    expect(await get("api-only.t.localhost", "/")).toEqual({ status: 404, body: NO_MOUNT_BODY });
+    await served("api-only.t.localhost", "/").toEqual({ status: 404, body: NO_MOUNT_BODY });
     const bodies = new Set<string>();
     for (let i = 0; i < 4; i++) bodies.add((await get("api-only.t.localhost", "/api")).body);
     expect([...bodies].sort()).toEqual(["blue", "green"]);
@@ -191,12 +199,12 @@ describe("CaddyRouter on a real Caddy", () => {
     const firstGreen = seen.indexOf("green");
     expect(firstGreen).toBeGreaterThan(0);
     expect(seen.slice(firstGreen).every((b) => b === "green")).toBe(true);
-    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+    await served(HOST).toEqual({ status: 200, body: "green" });
   });
 
   it("remove stops serving a front door and is idempotent", async () => {
     await router.remove("mounts");
-    expect((await get("mounts.t.localhost", "/api")).status).toBe(404);
+    await served("mounts.t.localhost", "/api").toMatchObject({ status: 404 });
     await router.remove("mounts");
     await router.remove("never-existed");
     expect(await router.current()).toEqual(["grp/app/main"]);
@@ -222,12 +230,12 @@ describe("CaddyRouter on a real Caddy", () => {
 
     await router.assertAll([frontDoor("green")]);
     expect(await router.current()).toEqual(["grp/app/main"]);
-    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+    await served(HOST).toEqual({ status: 200, body: "green" });
   });
 
   it("an error of the admin API carries Caddy's message", async () => {
     const other = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: 70000 });
     await expect(other.assertAll([])).rejects.toThrow(/Caddy admin API: POST \/config\/apps\/http\/servers\/platform answered \d+: .*70000/);
-    expect(await get(HOST)).toEqual({ status: 200, body: "green" });
+    await served(HOST).toEqual({ status: 200, body: "green" });
   });
 });
