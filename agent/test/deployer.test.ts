@@ -149,19 +149,23 @@ it("rolls forward past the swap commit when Caddy restarted empty: the whole tab
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 
+/** A deployer whose deploy ends, with `why`, once its swap is committed and its route flipped: drain never runs. */
+function stoppedBeforeDrain(why: string): Deployer {
+  return new Deployer({
+    ...baseDeps,
+    phase: async (name) => {
+      if (name === "drain") throw new Error(why);
+      return false;
+    },
+  });
+}
+
 it("resumed after the agent stopped while draining, stops the colour that served before, even for the same tag", async () => {
   const before = state.appOf("node-web", "main")!;
   const oldReplicas = Object.values(before.services).flatMap((s) => s.replicas.map((r) => r.id));
   const redeploy = { ...job, action_id: "5b3f0c2e-8d41-4c7a-9e26-1a2b3c4d5e6f", image_tag: before.tag };
   // The agent "stops" right after the swap commit and the flip: drain never runs.
-  const interrupted = new Deployer({
-    ...baseDeps,
-    phase: async (name) => {
-      if (name === "drain") throw new Error("the agent was stopped");
-      return false;
-    },
-  });
-  expect((await interrupted.deploy(redeploy)).status).toBe("failed");
+  expect((await stoppedBeforeDrain("the agent was stopped").deploy(redeploy)).status).toBe("failed");
   expect(state.appOf("node-web", "main")!.colour).not.toBe(before.colour);
   expect(driver.list().filter((r) => r.running).map((r) => r.spec.id)).toEqual(expect.arrayContaining(oldReplicas));
 
@@ -178,14 +182,7 @@ it("resumed after the agent stopped while draining, stops the colour that served
 it("settles a deploy an earlier action left past its swap commit before it deploys the branch again", async () => {
   const before = state.appOf("node-web", "main")!;
   const left = { ...job, action_id: "6c2d1e0f-9b8a-4c7d-8e6f-5a4b3c2d1e0f", image_tag: before.tag };
-  const interrupted = new Deployer({
-    ...baseDeps,
-    phase: async (name) => {
-      if (name === "drain") throw new Error("the route flip gave up");
-      return false;
-    },
-  });
-  expect((await interrupted.deploy(left)).status).toBe("failed");
+  expect((await stoppedBeforeDrain("the route flip gave up").deploy(left)).status).toBe("failed");
   expect(state.inflight(left.action_id)).toBeDefined();
 
   // The next deploy of the branch, same tag: its new colour is the one the old replicas still hold.
