@@ -363,7 +363,7 @@ export interface BuildFilters {
 }
 
 /** ISO 8601 as a date (`2026-11-24`) or a timestamp to the minute or finer, with Z or an offset. */
-const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})?)?$/i;
+const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(\.\d{1,9})?)?(Z|[+-]\d{2}:?\d{2})?)?$/i;
 
 /**
  * `since` of GET /api/builds (spec 4.3: ISO 8601). A date is its midnight in UTC, and so is a
@@ -373,9 +373,8 @@ export function parseSince(raw: string): Date {
   const m = ISO_8601.exec(raw.trim());
   const invalid = () => PlatformError.invalid(`since must be an ISO 8601 date or timestamp, such as 2026-11-24 or 2026-11-24T09:30:00Z (got '${raw}').`);
   if (!m) throw invalid();
-  const [, y, mo, d, h = "00", mi = "00", sec = "00", zone] = m;
+  const [, y, mo, d, h = "00", mi = "00", sec = "00", fraction = "", zone] = m;
   const offset = zone === undefined || zone.toUpperCase() === "Z" ? "Z" : `${zone.slice(0, 3)}:${zone.slice(-2)}`;
-  const fraction = /\.(\d+)/.exec(raw)?.[0] ?? "";
   const at = new Date(`${y}-${mo}-${d}T${h}:${mi}:${sec}${fraction.slice(0, 4)}${offset}`);
   // Date rolls 2026-02-30 over into March: a date that does not exist is refused instead.
   if (Number.isNaN(at.getTime()) || Number(mo) < 1 || Number(mo) > 12 || Number(d) > new Date(Date.UTC(Number(y), Number(mo), 0)).getUTCDate() || Number(h) > 23 || Number(mi) > 59 || Number(sec) > 59) {
