@@ -8,8 +8,9 @@
  *   health_check  each HTTP service answers its health path; a replica that dies here fails the
  *                 deploy with its last 30 lines of output (crash output)
  *   ready         checks passed
- *   swap_committed  reported to the queue first (from then on cancel is refused), then the route
- *                 flips to the new colour in one router call: the point of no return
+ *   swap_committed  written to the host state and confirmed by the queue (from then on cancel is
+ *                 refused), then the route flips to the new colour in one router call: the point
+ *                 of no return
  *   drain         the old colour is let go, given time to finish its requests, then stopped
  *
  * Cancel is honoured between phases before the swap: the new colour is stopped and removed, the
@@ -252,7 +253,7 @@ export class Deployer {
     };
 
     const pending = d.state.inflight(job.action_id);
-    if (pending) return this.#resume(pending, emit, finish);
+    if (pending) return this.#resume(pending, emit, finish, { confirm: () => d.phase("swap_committed", { wait: true }) });
 
     let inflight: InflightDeploy | null = null;
     try {
@@ -310,11 +311,20 @@ export class Deployer {
       await enter("ready");
       emit("info", "Every service passed its checks");
 
-      // The queue records the swap commit before the route moves: from here on cancel is refused.
-      if (await d.phase("swap_committed", { wait: true })) throw new DeployCancelled("Cancelled before the swap.");
-      current = "swap_committed";
+      // The swap commit is written to the host state, then confirmed by the queue before the route
+      // moves: from the confirmation on, cancel is refused. An agent that stops in between finds
+      // the commit on restart and asks the queue again (#resume); a cancel that came first wins.
       inflight.swapCommitted = true;
       await d.state.setInflight(inflight);
+      const cancelled = await d.phase("swap_committed", { wait: true }).catch((err: unknown) => {
+        inflight!.swapCommitted = false;
+        throw err;
+      });
+      if (cancelled) {
+        inflight.swapCommitted = false;
+        throw new DeployCancelled("Cancelled before the swap.");
+      }
+      current = "swap_committed";
       await this.#commit(inflight, previous, emit);
       current = "drain";
       await d.phase("drain");
@@ -453,21 +463,33 @@ export class Deployer {
     const pending = this.#d.state.inflight(actionId);
     if (!pending) return;
     const emit = (level: LogLevel, message: string) => this.#d.log({ level, message, phase: "abandon" });
-    const settled = this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }), `Deploy ${actionId} was left unfinished`)
+    const settled = this.#resume(pending, emit, (status, error_message) => ({ status, error_message, result: {} }), { what: `Deploy ${actionId} was left unfinished` })
       .then(() => undefined)
       .finally(() => settling.delete(actionId));
     settling.set(actionId, settled);
     return settled;
   }
 
-  /** An action claimed again after an agent restart: finish a committed swap, else clean up. */
+  /**
+   * An action claimed again after an agent restart: finish a committed swap, else clean up. With
+   * `confirm`, the queue is asked first whether the swap commit stands: the agent may have stopped
+   * after writing it and before the queue heard of it, and a cancel the queue took meanwhile wins.
+   * Without it (the queue ended the action), a commit written is finished: the route may have moved.
+   */
   async #resume(
     pending: InflightDeploy,
     emit: (l: LogLevel, m: string, s?: string) => void,
     finish: (s: DeployOutcome["status"], e: string) => DeployOutcome,
-    what = "The agent restarted during the deploy",
+    opts: { what?: string; confirm?: () => Promise<boolean> },
   ): Promise<DeployOutcome> {
     const d = this.#d;
+    const what = opts.what ?? "The agent restarted during the deploy";
+    if (pending.swapCommitted && opts.confirm && (await opts.confirm())) {
+      await this.#stopReplicas(pending.replicas);
+      await d.state.clearInflight(pending.actionId);
+      emit("warning", `${what}, and the deploy was cancelled before the swap: the new colour was stopped and the running version kept serving.`);
+      return finish("cancelled", "Cancelled before the swap.");
+    }
     if (pending.swapCommitted) {
       // The colour that served before: recorded with the deploy, since the host state may
       // already name the new one (the agent stopped while draining).

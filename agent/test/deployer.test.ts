@@ -195,6 +195,51 @@ it("settles a deploy an earlier action left past its swap commit before it deplo
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 
+/**
+ * A deployer that stops (as the agent would) once its swap commit is written, before the queue has
+ * answered: the answer never comes, and nothing after it runs.
+ */
+function stoppedAtSwapCommit(): Deployer {
+  return new Deployer({ ...baseDeps, phase: (name) => (name === "swap_committed" ? new Promise<boolean>(() => undefined) : Promise.resolve(false)) });
+}
+
+async function swapCommitWritten(actionId: string): Promise<void> {
+  for (let i = 0; i < 600 && !state.inflight(actionId)?.swapCommitted; i++) await new Promise((r) => setTimeout(r, 50));
+  expect(state.inflight(actionId)?.swapCommitted).toBe(true);
+}
+
+it("resumed after the agent stopped between writing its swap commit and the queue's answer, asks the queue again and finishes", async () => {
+  const before = state.appOf("node-web", "main")!;
+  const redeploy = { ...job, action_id: "8e4f3a21-1d0c-4e9f-a081-7c6d5e4f3a21", image_tag: before.tag };
+  void stoppedAtSwapCommit().deploy(redeploy);
+  await swapCommitWritten(redeploy.action_id);
+  expect(state.appOf("node-web", "main")!.colour).toBe(before.colour);
+
+  reported.length = 0;
+  const resumed = await deployer.deploy(redeploy);
+  expect(resumed.status).toBe("completed");
+  expect(reported).toEqual(["swap_committed"]);
+  expect(state.appOf("node-web", "main")!.colour).not.toBe(before.colour);
+  expect(state.allInflight()).toEqual([]);
+  expect(driver.list().filter((r) => r.running)).toHaveLength(1);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("resumed there when the queue took a cancel meanwhile, stops the new colour: the running version keeps serving", async () => {
+  const before = state.appOf("node-web", "main")!;
+  const serving = Object.values(before.services).flatMap((s) => s.replicas.map((r) => r.id));
+  const redeploy = { ...job, action_id: "9f5a4b32-2e1d-4fa0-b192-8d7e6f5a4b32", image_tag: before.tag };
+  void stoppedAtSwapCommit().deploy(redeploy);
+  await swapCommitWritten(redeploy.action_id);
+
+  const cancelled = await new Deployer({ ...baseDeps, phase: async (name) => name === "swap_committed" }).deploy(redeploy);
+  expect(cancelled).toMatchObject({ status: "cancelled", error_message: "Cancelled before the swap." });
+  expect(state.appOf("node-web", "main")).toMatchObject({ colour: before.colour, tag: before.tag });
+  expect(state.allInflight()).toEqual([]);
+  expect(driver.list().filter((r) => r.running).map((r) => r.spec.id)).toEqual(serving);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
 it("keeps a branch deployed before its group was renamed as the same app: relabelled, swapped by a redeploy, stopped by an undeploy", async () => {
   const before = state.appOf("node-web", "main")!;
   expect(before).toMatchObject({ key: "acme/node-web/main", group: "acme" });

@@ -393,6 +393,10 @@ describe("cancel", () => {
     await client.reportProgress({ actionId: deployId, hostId: "h-swap", phase: "swap_committed" });
     const r = await client.cancelAction({ caller: acme, actionId: deployId });
     expect(r).toMatchObject({ status: "refused_past_point_of_no_return", cancelled: false, cancelRequested: false });
+    await client.reportProgress({ actionId: deployId, hostId: "h-swap", phase: "drain" });
+    // An agent resumed after a restart confirms the commit again: still no cancel, and the phase stays.
+    expect(await client.reportProgress({ actionId: deployId, hostId: "h-swap", phase: "swap_committed" })).toMatchObject({ cancelRequested: false });
+    expect(await row(deployId)).toMatchObject({ phase: "drain" });
     await client.completeAction({ actionId: deployId, hostId: "h-swap", status: "completed" });
   });
 

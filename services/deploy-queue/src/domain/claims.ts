@@ -159,7 +159,10 @@ export async function reportProgress(em: EntityManager, report: ProgressReport, 
   // A cancel that came first wins: the agent stops instead of entering the phase (and before the
   // swap, the swap is never committed).
   if (action.cancelRequested && !isPastPointOfNoReturn(action)) return { cancelRequested: true };
-  if (phase && phase !== action.phase) {
+  // An agent resumed after a restart confirms a swap commit the queue may hold already (the
+  // action may be draining by now): that phase does not go back.
+  const reconfirmed = marksSwapCommit(phase) && !!action.swapCommittedAt;
+  if (phase && phase !== action.phase && !reconfirmed) {
     action.phase = phase;
     if (marksSwapCommit(phase) && !action.swapCommittedAt) action.swapCommittedAt = now;
     announce(em, action, now);
