@@ -123,6 +123,7 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
         platformOperator: operator,
         platformRoot: isPlatformRoot(principal),
         scope: scopeIn(principal, selection.slug),
+        explicitGroup: explicit,
       });
       if (!explicit) defaultCallers.set(principal, caller);
     }

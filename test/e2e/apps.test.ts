@@ -223,6 +223,12 @@ describe("tenant isolation", () => {
     expect(new Set(all.body.items.map((a: { group_slug: string }) => a.group_slug))).toEqual(new Set(["acme", "globex"]));
     const one = await call(api, "GET", "/apps?group=globex", { credential: fleet.rootKey });
     expect(one.body.items.every((a: { group_slug: string }) => a.group_slug === "globex")).toBe(true);
+    // An app is looked up in the group named, never found (nor written) in another one.
+    expect((await call(api, "GET", "/apps/node-web", { credential: fleet.rootKey })).body.group_slug).toBe("acme");
+    expect((await call(api, "GET", "/apps/node-web?group=globex", { credential: fleet.rootKey })).status).toBe(404);
+    const write = await call(api, "PUT", "/vars/node-web?group=globex", { credential: fleet.rootKey, body: { variables: { FROM_OPERATOR: "1" } } });
+    expect(write.status).toBe(404);
+    expect((await call(api, "GET", "/vars/node-web", { credential: acme })).body.variables).not.toHaveProperty("FROM_OPERATOR");
   });
 
   it("deletes a branch; the production branch of a multi-branch app must hand over first", async () => {

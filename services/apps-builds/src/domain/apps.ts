@@ -10,10 +10,14 @@ export function appNotFound(appName: string, branch?: string): PlatformError {
   return PlatformError.notFound(branch ? `App '${appName}' has no branch '${branch}'` : `App '${appName}' not found`);
 }
 
-/** Every branch row of an app the caller may see, production first. */
+/**
+ * Every branch row of an app the caller may see, production first: in the selected group, or for
+ * a platform operator who named no group, in any.
+ */
 export async function appBranches(em: EntityManager, caller: Caller, appName: string): Promise<App[]> {
   const rows = await em.find(App, { appName }, { orderBy: { isProduction: "desc", createdAt: "asc" } });
-  const visible = rows.filter((a) => canSeeGroup(caller, a.groupSlug) && (!caller.selectedGroup || caller.platformOperator || a.groupSlug === caller.selectedGroup));
+  const anyGroup = !caller.selectedGroup || (caller.platformOperator && !caller.explicitGroup);
+  const visible = rows.filter((a) => canSeeGroup(caller, a.groupSlug) && (anyGroup || a.groupSlug === caller.selectedGroup));
   if (visible.length === 0) throw appNotFound(appName);
   return visible;
 }

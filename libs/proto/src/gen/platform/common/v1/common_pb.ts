@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file platform/common/v1/common.proto.
  */
 export const file_platform_common_v1_common: GenFile = /*@__PURE__*/
-  fileDesc("Ch9wbGF0Zm9ybS9jb21tb24vdjEvY29tbW9uLnByb3RvEhJwbGF0Zm9ybS5jb21tb24udjEirgEKBkNhbGxlchIMCgRraW5kGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRINCgVzY29wZRgDIAEoCRIPCgd1c2VyX2lkGAQgASgJEhYKDnZpc2libGVfZ3JvdXBzGAUgAygJEhYKDnNlbGVjdGVkX2dyb3VwGAYgASgJEhkKEXBsYXRmb3JtX29wZXJhdG9yGAcgASgIEhUKDXBsYXRmb3JtX3Jvb3QYCCABKAgiVgoLRXJyb3JEZXRhaWwSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhMKC2V4dHJhc19qc29uGAMgASgJEhMKC2h0dHBfc3RhdHVzGAQgASgFIiAKEFJlYWRpbmVzc1JlcXVlc3QSDAoEZGVlcBgBIAEoCCJjChFSZWFkaW5lc3NSZXNwb25zZRIPCgdzZXJ2aWNlGAEgASgJEg0KBXJlYWR5GAIgASgIEhAKCGRhdGFiYXNlGAMgASgJEgwKBG5hdHMYBCABKAkSDgoGdGFibGVzGAUgASgFYgZwcm90bzM");
+  fileDesc("Ch9wbGF0Zm9ybS9jb21tb24vdjEvY29tbW9uLnByb3RvEhJwbGF0Zm9ybS5jb21tb24udjEixgEKBkNhbGxlchIMCgRraW5kGAEgASgJEhQKDHByaW5jaXBhbF9pZBgCIAEoCRINCgVzY29wZRgDIAEoCRIPCgd1c2VyX2lkGAQgASgJEhYKDnZpc2libGVfZ3JvdXBzGAUgAygJEhYKDnNlbGVjdGVkX2dyb3VwGAYgASgJEhkKEXBsYXRmb3JtX29wZXJhdG9yGAcgASgIEhUKDXBsYXRmb3JtX3Jvb3QYCCABKAgSFgoOZXhwbGljaXRfZ3JvdXAYCSABKAgiVgoLRXJyb3JEZXRhaWwSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEhMKC2V4dHJhc19qc29uGAMgASgJEhMKC2h0dHBfc3RhdHVzGAQgASgFIiAKEFJlYWRpbmVzc1JlcXVlc3QSDAoEZGVlcBgBIAEoCCJjChFSZWFkaW5lc3NSZXNwb25zZRIPCgdzZXJ2aWNlGAEgASgJEg0KBXJlYWR5GAIgASgIEhAKCGRhdGFiYXNlGAMgASgJEgwKBG5hdHMYBCABKAkSDgoGdGFibGVzGAUgASgFYgZwcm90bzM");
 
 /**
  * Caller is the authenticated principal of a request, resolved once by the gateway and carried
@@ -74,6 +74,14 @@ export type Caller = Message<"platform.common.v1.Caller"> & {
    * @generated from field: bool platform_root = 8;
    */
   platformRoot: boolean;
+
+  /**
+   * The request named its group (?group= or the group header): a platform operator's look-ups
+   * stay in selected_group instead of spanning every group.
+   *
+   * @generated from field: bool explicit_group = 9;
+   */
+  explicitGroup: boolean;
 };
 
 /**
