@@ -12,6 +12,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
+import { PlatformError } from "@platform/errors";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
@@ -39,6 +40,17 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
+function nulRefused(): PlatformError {
+  return PlatformError.badRequest("Input may not contain a NUL character (\\u0000).");
+}
+
+function holdsNul(value: unknown): boolean {
+  if (typeof value === "string") return value.includes("\0");
+  if (Array.isArray(value)) return value.some(holdsNul);
+  if (value && typeof value === "object") return Object.entries(value).some(([k, v]) => k.includes("\0") || holdsNul(v));
+  return false;
+}
+
 export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logger: Logger = createLogger({ service: "gateway", level: config.LOG_LEVEL })): Promise<Gateway> {
   const app = Fastify({
     // Fastify types its logger against its own pino major; ours is API-compatible.
@@ -62,9 +74,20 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   // a body still says so, with the 422 of its schema.
   const parseJson = app.getDefaultJsonParser("error", "error");
   app.removeContentTypeParser("application/json");
-  app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) =>
-    body === "" ? done(null, undefined) : parseJson(request, body as string, done),
-  );
+  app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) => {
+    if (body === "") return done(null, undefined);
+    parseJson(request, body as string, (err, value) => {
+      if (err) return done(err);
+      // The escape is rare; only a body that has it is searched for a NUL that is really in a string.
+      if ((body as string).includes("\\u0000") && holdsNul(value)) return done(nulRefused());
+      done(null, value);
+    });
+  });
+  // No text the platform stores may hold a NUL character (Postgres text cannot): refused as bad
+  // input wherever it comes, path, query or body, before it reaches a service.
+  app.addHook("onRequest", async (request) => {
+    if (/%00/i.test(request.raw.url ?? "")) throw nulRefused();
+  });
 
   registerErrorHandling(app);
   for (const schema of sharedSchemas) app.addSchema(schema);

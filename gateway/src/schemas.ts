@@ -24,6 +24,9 @@ export const errorSchema = {
 
 const errorRef = { $ref: "Error#" } as const;
 
+/** `offset` of every paged list: services count rows in 32 bits, so a larger offset is refused (422), not failed. */
+export const offsetParam = { type: "integer", minimum: 0, maximum: 2_147_483_647, default: 0 } as const;
+
 /** Error responses every authenticated route may give. */
 export const authErrors = {
   401: { ...errorRef, description: "Missing, malformed, unknown or revoked credential: `Invalid or revoked API key`." },

@@ -203,6 +203,27 @@ describe("platform-operator gate", () => {
   });
 });
 
+describe("bad input", () => {
+  it("refuses a NUL character in the path, the query or a JSON string with 400, before any service sees it", async () => {
+    for (const path of ["/logs?search=a%00b", "/apps/a%00b", "/builds?app_name=x%00"]) {
+      const r = await call(api, "GET", path, { credential: root });
+      expect(r.status, path).toBe(400);
+      expect(r.body.detail).toMatch(/NUL/);
+    }
+    const body = await call(api, "POST", "/groups", { credential: root, body: { slug: "nul\u0000" } });
+    expect(body.status).toBe(400);
+    // The escape itself, as text, is no NUL.
+    expect((await call(api, "POST", "/groups", { credential: root, body: { slug: "a\\u0000" } })).status).toBe(422);
+  });
+
+  it("refuses an offset past what a page can start at with 422, not a server error", async () => {
+    for (const path of ["/logs?offset=2147483648", "/builds?offset=99999999999999", "/deployments?offset=2147483648"]) {
+      expect((await call(api, "GET", path, { credential: root })).status, path).toBe(422);
+    }
+    expect((await call(api, "GET", "/logs?offset=2147483647", { credential: root })).status).toBe(200);
+  });
+});
+
 describe("groups and keys", () => {
   it("refuses a duplicate group with 409 and a bad slug with 422", async () => {
     const dup = await call(api, "POST", "/groups", { credential: root, body: { slug: "acme" } });

@@ -5,7 +5,7 @@ import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isRunning } from "../domain/build-log.ts";
 import { callerOf } from "../access.ts";
-import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { groupLockErrors, authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -147,7 +147,7 @@ export function buildRoutes(
             branch: { type: "string", description: "Omit to span branches." },
             since: { type: "string", description: "ISO 8601 date or timestamp (e.g. 2026-11-24 or 2026-11-24T09:30:00Z); without an offset, UTC." },
             limit: { type: "integer", minimum: 1, maximum: 200, default: 50 },
-            offset: { type: "integer", minimum: 0, default: 0 },
+            offset: offsetParam,
           },
         },
         response: {

@@ -7,7 +7,7 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { Deployment, DeployQueueService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 const jsonOrNull = (text: string): unknown => (text ? JSON.parse(text) : null);
@@ -85,7 +85,7 @@ const historyProperties = {
 
 const page = {
   limit: { type: "integer", minimum: 1, maximum: 200, default: 50 },
-  offset: { type: "integer", minimum: 0, default: 0 },
+  offset: offsetParam,
 } as const;
 
 const idParams = {

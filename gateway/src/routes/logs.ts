@@ -3,7 +3,7 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { HealthAggregatorService, LogRow } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, commonQuery } from "../schemas.ts";
+import { authErrors, commonQuery, offsetParam } from "../schemas.ts";
 
 const SOURCES = ["agent", "deploy", "build", "container", "backup"] as const;
 const LEVELS = ["info", "warning", "error"] as const;
@@ -99,7 +99,7 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
             search: { type: "string", description: "Full-text search over message: every word must appear." },
             since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w (at most 365d)." },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
-            offset: { type: "integer", minimum: 0, default: 0 },
+            offset: offsetParam,
             branch: { type: "string", description: "Only scopes the access check of app_name: lines are not filtered by it." },
           },
         },
