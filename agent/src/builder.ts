@@ -179,10 +179,14 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     tail.push(line);
     if (tail.length > PHASE_TAIL_LINES) tail.shift();
   };
+  // Phase reports are answered later (see phaseReports): a cancel the queue took while a build
+  // command ran is known only from the answer to a report sent after it. The phase after a command
+  // therefore waits for its own answer, or a cancel during the last command would never be seen.
+  let commandRan = false;
   const enter = async (name: string) => {
     current = name;
     phases[name] ??= [];
-    if (await deps.phase(name)) throw new BuildCancelled(`Cancelled before ${name}.`);
+    if (await deps.phase(name, { wait: commandRan })) throw new BuildCancelled(`Cancelled before ${name}.`);
     if (Date.now() >= deadline) throw new BuildFailure(`The build exceeded its time limit of ${Math.round(deps.timeoutMs / 1000)} s.`);
   };
 
@@ -235,6 +239,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       if (!service.build) continue;
       await enter(`build:${name}`);
       emit("info", `$ ${service.build}`, name);
+      commandRan = true;
       const run = await runCommand(service.build, {
         cwd: src,
         env: buildEnv(job, home),

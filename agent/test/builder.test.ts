@@ -10,6 +10,7 @@ import path from "node:path";
 import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
 import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
 import { releaseDir } from "../src/deployer.ts";
+import { phaseReports } from "../src/work.ts";
 
 let dir: string;
 let repo: FixtureRepo;
@@ -73,6 +74,22 @@ it("fails a build whose image the fleet's store does not take within the build's
   const outcome = await runBuild(job("main-00000003", false), { ...deps(), timeoutMs: 3_000, publishImage: () => new Promise<void>(() => undefined) });
   expect(outcome).toMatchObject({ status: "failed", error_message: expect.stringContaining("exceeded the build's time limit") });
   expect(Date.now() - started).toBeLessThan(10_000);
+});
+
+it("stops before packaging when the queue took a cancel while the build command ran", async () => {
+  // The queue as the agent hears it: answers come back later than the reports (phaseReports).
+  let cancelRequested = false;
+  const reports = phaseReports(async () => cancelRequested);
+  const outcome = await runBuild(job("main-00000004", false), {
+    ...deps(),
+    phase: (name, opts) => reports.enter(name, opts),
+    log: (line) => {
+      // The command's own output: the report of its phase was answered before.
+      if (line.service_name && !line.message.startsWith("$ ")) cancelRequested = true;
+    },
+  });
+  expect(outcome).toMatchObject({ status: "cancelled", error_message: "Cancelled before package." });
+  await expect(stat(path.join(dir, "images", "node-web", "main-00000004.tar.gz"))).rejects.toThrow(/ENOENT/);
 });
 
 it("removes the partial archives an agent stopped while packaging left, and nothing else", async () => {
