@@ -117,6 +117,20 @@ describe("registration", () => {
     expect(r.body.app_name).toBe("node-web-2");
   });
 
+  it("cuts a long name short for its suffix, past names that were cut the same way", async () => {
+    const long = "l".repeat(63);
+    const register = async (credential: string, app_name: string, repo: string) =>
+      call(api, "POST", "/apps", { credential, body: { app_name, repository: `https://example.com/${repo}.git` } });
+    expect((await register(acme, long, "long-1")).body.app_name).toBe(long);
+    expect((await register(globex, `${"l".repeat(61)}-2`, "long-2")).body.app_name).toBe(`${"l".repeat(61)}-2`);
+    const third = await register(globex, long, "long-3");
+    expect(third.status).toBe(201);
+    expect(third.body.app_name).toBe(`${"l".repeat(61)}-3`);
+    for (const [credential, name] of [[acme, long], [globex, `${"l".repeat(61)}-2`], [globex, `${"l".repeat(61)}-3`]] as const) {
+      expect((await call(api, "DELETE", `/apps/${name}`, { credential })).status).toBe(204);
+    }
+  });
+
   it("validates the body: 422 for a bad name, an unsupported repository host, a missing field", async () => {
     for (const body of [
       { app_name: "!!!", repository: "https://example.com/a.git" },

@@ -44,6 +44,16 @@ export function checkBranch(branch: string): string {
   return value;
 }
 
+/**
+ * LIKE patterns matching every name `withSuffix` may try for `base`: a suffix cuts a long base
+ * short to stay within a label, so names that start like the shortest cut (room for a suffix of
+ * up to seven digits) are candidates too.
+ */
+export function suffixPatterns(base: string): string[] {
+  const stem = base.slice(0, LABEL_MAX - 8);
+  return stem.length < base.length ? [`${base}-%`, `${stem}%`] : [`${base}-%`];
+}
+
 /** The next free slug: `shop`, then `shop-2`, `shop-3`... */
 export function withSuffix(base: string, taken: ReadonlySet<string>): string {
   if (!taken.has(base)) return base;

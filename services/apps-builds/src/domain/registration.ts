@@ -9,7 +9,7 @@ import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
-import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, withSuffix } from "./naming.ts";
+import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
 import { parseSeedReference, SEED_REFERENCE_MAX } from "./app-settings.ts";
@@ -134,7 +134,7 @@ export async function registerApp(
         app_name: twin.appName,
       });
     }
-    const taken = await em.find(App, { $or: [{ appName: baseName }, { appName: { $like: `${baseName}-%` } }] }, { fields: ["appName"] });
+    const taken = await em.find(App, { $or: [{ appName: baseName }, ...suffixPatterns(baseName).map((p) => ({ appName: { $like: p } }))] }, { fields: ["appName"] });
     appName = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
   }
 
