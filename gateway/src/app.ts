@@ -3,7 +3,7 @@
  * calls the owning service; it holds no business state.
  */
 import { readFileSync } from "node:fs";
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply } from "fastify";
 import swagger from "@fastify/swagger";
 import { gatewayEnv, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
@@ -63,6 +63,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     // Every line already carries the request's trace and span ids (the logger's mixin); a child
     // logger per request would only add a request id, at a cost on every request.
     childLoggerFactory: (parent) => parent,
+    // A URL that cannot be decoded is refused before routing, where the error handler is not asked.
+    frameworkErrors: (err, _request, reply: FastifyReply) => void reply.code(400).send({ detail: `Malformed request: ${err.message}` }),
   });
   const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
   const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL);

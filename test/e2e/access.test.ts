@@ -336,6 +336,14 @@ describe("malformed input", () => {
     expect(group).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
   });
 
+  it("answers a URL that cannot be decoded with 400 {detail}", async () => {
+    for (const path of ["/builds/id/7a22664%", "/apps/%E0%A4%A"]) {
+      const r = await call(api, "GET", path, { credential: root });
+      expect(r.status, path).toBe(400);
+      expect(r.body).toEqual({ detail: expect.stringMatching(/^Malformed request/) });
+    }
+  });
+
   it("answers unknown routes with 404 {detail}", async () => {
     const r = await call(api, "GET", "/nothing-here", { credential: root });
     expect(r).toMatchObject({ status: 404, body: { detail: "Not Found" } });
