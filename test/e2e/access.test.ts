@@ -216,6 +216,18 @@ describe("bad input", () => {
     expect((await call(api, "POST", "/groups", { credential: root, body: { slug: "a\\u0000" } })).status).toBe(422);
   });
 
+  it("refuses a body nested deeper than 32 levels with 422 too_deep, not a server error", async () => {
+    const nested = (levels: number) => {
+      let v: unknown = 1;
+      for (let i = 0; i < levels; i++) v = { k: v, s: "]]]" };
+      return v as Record<string, unknown>;
+    };
+    const deep = await call(api, "PUT", "/apps/nothing/config", { credential: root, body: { config: nested(60) } });
+    expect(deep).toMatchObject({ status: 422, body: { detail: { code: "too_deep" } } });
+    // Within the bound, the route answers as it would (the app does not exist).
+    expect((await call(api, "PUT", "/apps/nothing/config", { credential: root, body: { config: nested(10) } })).status).toBe(404);
+  });
+
   it("refuses an offset past what a page can start at with 422, not a server error", async () => {
     for (const path of ["/logs?offset=2147483648", "/builds?offset=99999999999999", "/deployments?offset=2147483648"]) {
       expect((await call(api, "GET", path, { credential: root })).status, path).toBe(422);
