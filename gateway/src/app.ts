@@ -12,7 +12,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
-import { PlatformError } from "@platform/errors";
+import { refuseBody, refuseUrl } from "./domain/input-bounds.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
@@ -38,44 +38,6 @@ export interface Gateway {
   app: FastifyInstance;
   cache: CredentialCache;
   close(): Promise<void>;
-}
-
-function nulRefused(): PlatformError {
-  return PlatformError.badRequest("Input may not contain a NUL character (\\u0000).");
-}
-
-/**
- * How deep a request body may nest. Configs are bounded far lower by their own rules (too_deep);
- * a body past this could not even travel to a service as a protobuf value.
- */
-const MAX_BODY_DEPTH = 32;
-
-function tooDeep(): PlatformError {
-  return PlatformError.invalid({ code: "too_deep", message: `The request body nests deeper than ${MAX_BODY_DEPTH} levels.` });
-}
-
-/** The deepest nesting of objects and arrays in JSON text (brackets inside strings do not count). */
-function nestingDepth(json: string): number {
-  let depth = 0;
-  let max = 0;
-  let inString = false;
-  for (let i = 0; i < json.length; i++) {
-    const c = json.charCodeAt(i);
-    if (inString) {
-      if (c === 0x5c) i++;
-      else if (c === 0x22) inString = false;
-    } else if (c === 0x22) inString = true;
-    else if (c === 0x7b || c === 0x5b) max = Math.max(max, ++depth);
-    else if (c === 0x7d || c === 0x5d) depth--;
-  }
-  return max;
-}
-
-function holdsNul(value: unknown): boolean {
-  if (typeof value === "string") return value.includes("\0");
-  if (Array.isArray(value)) return value.some(holdsNul);
-  if (value && typeof value === "object") return Object.entries(value).some(([k, v]) => k.includes("\0") || holdsNul(v));
-  return false;
 }
 
 export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logger: Logger = createLogger({ service: "gateway", level: config.LOG_LEVEL })): Promise<Gateway> {
@@ -107,16 +69,14 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     if (body === "") return done(null, undefined);
     parseJson(request, body as string, (err, value) => {
       if (err) return done(err);
-      if (nestingDepth(body as string) > MAX_BODY_DEPTH) return done(tooDeep());
-      // The escape is rare; only a body that has it is searched for a NUL that is really in a string.
-      if ((body as string).includes("\\u0000") && holdsNul(value)) return done(nulRefused());
-      done(null, value);
+      const refused = refuseBody(body as string, value);
+      return refused ? done(refused) : done(null, value);
     });
   });
-  // No text the platform stores may hold a NUL character (Postgres text cannot): refused as bad
-  // input wherever it comes, path, query or body, before it reaches a service.
+  // A NUL character or a body nested too deep is refused before any service sees it.
   app.addHook("onRequest", async (request) => {
-    if (/%00/i.test(request.raw.url ?? "")) throw nulRefused();
+    const refused = refuseUrl(request.raw.url ?? "");
+    if (refused) throw refused;
   });
 
   registerErrorHandling(app);
