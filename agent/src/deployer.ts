@@ -40,6 +40,7 @@ const HEALTH_FAST_WINDOW_MS = 2000;
  */
 const COMMIT_DEADLINE_MS = 120_000;
 const COMMIT_RETRY_MS = 1_000;
+const CANCELLED_BEFORE_SWAP = "Cancelled before the swap.";
 /** How long a replica without a health check must stay up to pass. */
 const UNCHECKED_UPTIME_MS = 500;
 
@@ -316,14 +317,14 @@ export class Deployer {
       // the commit on restart and asks the queue again (#resume); a cancel that came first wins.
       inflight.swapCommitted = true;
       await d.state.setInflight(inflight);
-      const cancelled = await d.phase("swap_committed", { wait: true }).catch((err: unknown) => {
-        inflight!.swapCommitted = false;
-        throw err;
-      });
-      if (cancelled) {
-        inflight.swapCommitted = false;
-        throw new DeployCancelled("Cancelled before the swap.");
+      let cancelled = true;
+      try {
+        cancelled = await d.phase("swap_committed", { wait: true });
+      } finally {
+        // Not confirmed (cancelled, or the queue did not answer): the new colour is cleaned up below.
+        if (cancelled) inflight.swapCommitted = false;
       }
+      if (cancelled) throw new DeployCancelled(CANCELLED_BEFORE_SWAP);
       current = "swap_committed";
       await this.#commit(inflight, previous, emit);
       current = "drain";
@@ -484,13 +485,8 @@ export class Deployer {
   ): Promise<DeployOutcome> {
     const d = this.#d;
     const what = opts.what ?? "The agent restarted during the deploy";
-    if (pending.swapCommitted && opts.confirm && (await opts.confirm())) {
-      await this.#stopReplicas(pending.replicas);
-      await d.state.clearInflight(pending.actionId);
-      emit("warning", `${what}, and the deploy was cancelled before the swap: the new colour was stopped and the running version kept serving.`);
-      return finish("cancelled", "Cancelled before the swap.");
-    }
-    if (pending.swapCommitted) {
+    const cancelled = pending.swapCommitted && opts.confirm ? await opts.confirm() : false;
+    if (pending.swapCommitted && !cancelled) {
       // The colour that served before: recorded with the deploy, since the host state may
       // already name the new one (the agent stopped while draining).
       const previous = pending.previous ?? d.state.app(pending.key);
@@ -503,6 +499,10 @@ export class Deployer {
     }
     await this.#stopReplicas(pending.replicas);
     await d.state.clearInflight(pending.actionId);
+    if (cancelled) {
+      emit("warning", `${what}, and the deploy was cancelled before the swap: the new colour was stopped and the running version kept serving.`);
+      return finish("cancelled", CANCELLED_BEFORE_SWAP);
+    }
     const message = `${what}, before the swap: the new colour was stopped and the running version kept serving.`;
     emit("error", message);
     return finish("failed", message);

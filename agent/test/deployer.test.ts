@@ -204,8 +204,7 @@ function stoppedAtSwapCommit(): Deployer {
 }
 
 async function swapCommitWritten(actionId: string): Promise<void> {
-  for (let i = 0; i < 600 && !state.inflight(actionId)?.swapCommitted; i++) await new Promise((r) => setTimeout(r, 50));
-  expect(state.inflight(actionId)?.swapCommitted).toBe(true);
+  await expect.poll(() => state.inflight(actionId)?.swapCommitted, { timeout: 30_000 }).toBe(true);
 }
 
 it("resumed after the agent stopped between writing its swap commit and the queue's answer, asks the queue again and finishes", async () => {
