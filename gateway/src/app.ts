@@ -48,6 +48,9 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.BODY_LIMIT_BYTES,
     trustProxy: true,
+    // A field a route does not know is refused (422), not silently dropped: a client that
+    // misspells `branch` must learn it, not deploy the production branch.
+    ajv: { customOptions: { removeAdditional: false } },
     routerOptions: { ignoreTrailingSlash: true },
     // Every line already carries the request's trace and span ids (the logger's mixin); a child
     // logger per request would only add a request id, at a cost on every request.

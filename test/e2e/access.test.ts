@@ -234,6 +234,15 @@ describe("bad input", () => {
     }
     expect((await call(api, "GET", "/logs?offset=2147483647", { credential: root })).status).toBe(200);
   });
+
+  it("refuses a field a route does not know with 422 naming it, instead of dropping it", async () => {
+    const deploy = await call(api, "POST", "/deployments", { credential: root, body: { app_name: "nothing", replicas: 3 } });
+    expect(deploy).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
+    expect(deploy.body.detail.message).toMatch(/replicas is not allowed/);
+    const scale = await call(api, "PATCH", "/apps/nothing/services/web/replicas", { credential: root, body: { replicas: 2, brnach: "dev" } });
+    expect(scale.status).toBe(422);
+    expect(scale.body.detail.message).toMatch(/brnach is not allowed/);
+  });
 });
 
 describe("groups and keys", () => {
