@@ -84,6 +84,36 @@ describe("registration", () => {
     const twin = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "other", repository: repos["node-web"]!.url.replace(/\.git$/, "") } });
     expect(twin.status).toBe(409);
     expect(twin.body.detail).toMatchObject({ code: "repository_already_registered", app_name: "node-web" });
+    // The config path is compared normalised: `./platform.yaml` is the same file.
+    const dotted = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "other", repository: repos["node-web"]!.url, config_path: "./platform.yaml" } });
+    expect(dotted.status).toBe(409);
+    expect(dotted.body.detail.code).toBe("repository_already_registered");
+  });
+
+  it("stores the deploy settings sent with a registration, deriving omitted flags from deploy_config", async () => {
+    const body = {
+      app_name: "settings",
+      repository: "https://example.com/acme/settings.git",
+      config_path: "./deploy/./platform.yaml",
+      deploy_config: { database: { enabled: true }, cache: { enabled: true } },
+      services: [{ name: "web" }],
+      containers: [],
+      cache_enabled: false,
+    };
+    const r = await call(api, "POST", "/apps", { credential: acme, body });
+    expect(r.status).toBe(201);
+    expect(r.body).toMatchObject({ config_path: "deploy/platform.yaml", database_enabled: true, cache_enabled: false, email_enabled: false });
+    expect((await call(api, "DELETE", "/apps/settings", { credential: acme })).status).toBe(204);
+
+    const refused = async (extra: Record<string, unknown>) =>
+      call(api, "POST", "/apps", { credential: acme, body: { app_name: "unsaved", repository: "https://example.com/acme/unsaved.git", ...extra } });
+    expect((await refused({ deploy_config: [1] })).status).toBe(422);
+    let deep: Record<string, unknown> = { leaf: true };
+    for (let i = 0; i < 20; i++) deep = { next: deep };
+    expect((await refused({ deploy_config: deep })).status).toBe(422);
+    expect((await refused({ git_clone_provider: "bitbucket" })).status).toBe(422);
+    expect(await refused({ git_clone_provider: "github" })).toMatchObject({ status: 422, body: { detail: { code: "no_user_session" } } });
+    expect((await call(api, "GET", "/apps/unsaved", { credential: acme })).status).toBe(404);
   });
 
   it("registers a second branch as a non-production branch of the same app", async () => {

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
-import { toJson } from "@bufbuild/protobuf";
-import { ListValueSchema } from "@bufbuild/protobuf/wkt";
+import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
+import { ListValueSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { App, AppsBuildsService } from "@platform/proto";
 import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
@@ -61,6 +61,9 @@ export function appJson(a: App, single: boolean) {
   };
 }
 
+/** The deploy settings a registration carries to apps-builds as sent (RegisterAppRequest.settings). */
+const REGISTRATION_SETTINGS = ["deploy_config", "services", "containers", "database_enabled", "cache_enabled", "email_enabled"] as const;
+
 const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
 const branchQuery = {
   type: "object",
@@ -89,9 +92,18 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             config_path: { type: "string", default: "platform.yaml" },
             group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in. Needs the deploy scope there too (403)." },
             group: { type: "string" },
-            database_enabled: { type: "boolean", default: false },
-            cache_enabled: { type: "boolean", default: false },
-            email_enabled: { type: "boolean", default: false },
+            git_clone_provider: {
+              type: "string",
+              description:
+                "Clone with your linked account on this provider (`github` or `gitlab`). Accounts are linked by the sign-in flows, which this " +
+                "platform does not offer yet: 422 `no_user_session` for an API key, `not_linked` for a session; other names are 422 too.",
+            },
+            deploy_config: { type: "object", additionalProperties: true, description: "Stored as sent, as by an app update." },
+            services: { type: "array", description: "Stored as sent, as by an app update." },
+            containers: { type: "array", description: "Stored as sent, as by an app update." },
+            database_enabled: { type: "boolean", description: "Default false, or `deploy_config.database.enabled` when that is sent." },
+            cache_enabled: { type: "boolean", description: "Default false, or `deploy_config.cache.enabled` when that is sent." },
+            email_enabled: { type: "boolean", description: "Default false, or `deploy_config.email.enabled` when that is sent." },
             copy_vars_from_branch: {
               type: "string",
               description: "Copy variables from another branch of this app (existing keys never overwritten); 409 when the new branch is or would become production, 404 unknown source, 422 no other branch.",
@@ -127,9 +139,8 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         description: (b.description as string) ?? "",
         configPath: (b.config_path as string) ?? "",
         groupSlug,
-        databaseEnabled: Boolean(b.database_enabled),
-        cacheEnabled: Boolean(b.cache_enabled),
-        emailEnabled: Boolean(b.email_enabled),
+        settings: fromJson(ValueSchema, Object.fromEntries(REGISTRATION_SETTINGS.filter((f) => b[f] !== undefined).map((f) => [f, b[f] as JsonValue]))),
+        gitCloneProvider: (b.git_clone_provider as string) ?? "",
         copyVarsFromBranch: (b.copy_vars_from_branch as string) ?? "",
         cloneDataFromBranch: (b.clone_data_from_branch as string) ?? "",
         cloneComponents: b.clone_components as { db: boolean; drives: boolean; buckets: boolean } | undefined,

@@ -1,14 +1,10 @@
 /** Connect handlers for app settings (doc 1 section 4.4): PATCH, set-production, config layers. */
-import { toJson, type JsonObject } from "@bufbuild/protobuf";
-import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
+import type { JsonObject } from "@bufbuild/protobuf";
 import { requireCaller } from "@platform/caller";
 import { readConfigLayers, saveAppConfig, setProductionBranch, updateApp } from "./domain/app-settings.ts";
 import type { Overlay } from "./domain/overlay.ts";
 import { buildCounts } from "./domain/builds.ts";
-import { appMsg, routerSettings, type AppsBuildsContext, type Handlers } from "./rpc.ts";
-
-/** A JSON body carried as a `google.protobuf.Value`; undefined when none was sent. */
-const bodyOf = (value: Value | undefined): unknown => (value ? toJson(ValueSchema, value) : undefined);
+import { appMsg, bodyOf, routerSettings, type AppsBuildsContext, type Handlers } from "./rpc.ts";
 
 /** An overlay as a `google.protobuf.Struct`: `{path: {value, base}}`. */
 function overlayJson(overlay: Overlay): JsonObject {

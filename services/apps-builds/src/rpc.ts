@@ -1,8 +1,8 @@
 /** Connect handlers of apps-builds: thin translations between protobuf and the domain. */
 import type { ConnectRouter, ServiceImpl } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
-import { ListValueSchema } from "@bufbuild/protobuf/wkt";
-import { fromJson } from "@bufbuild/protobuf";
+import { ListValueSchema, ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
+import { fromJson, toJson } from "@bufbuild/protobuf";
 import { allowFileRepos } from "@platform/config";
 import { AppSchema, AppsBuildsService, BranchSchema, type App as AppMsg } from "@platform/proto";
 import { requireCaller } from "@platform/caller";
@@ -95,6 +95,9 @@ export type AppsBuildsContext = ServiceContext & {
 /** Handlers of AppsBuildsService; each capability contributes its own group of methods. */
 export type Handlers = Partial<ServiceImpl<typeof AppsBuildsService>>;
 
+/** A JSON body carried as a `google.protobuf.Value`; undefined when none was sent. */
+export const bodyOf = (value: Value | undefined): unknown => (value ? toJson(ValueSchema, value) : undefined);
+
 export function routes(ctx: AppsBuildsContext, ...more: Array<(ctx: AppsBuildsContext) => Handlers>) {
   return (router: ConnectRouter) => {
     router.service(AppsBuildsService, Object.assign({}, appHandlers(ctx), ...more.map((h) => h(ctx))));
@@ -120,9 +123,8 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
             description: req.description,
             configPath: req.configPath,
             groupSlug: req.groupSlug,
-            databaseEnabled: req.databaseEnabled,
-            cacheEnabled: req.cacheEnabled,
-            emailEnabled: req.emailEnabled,
+            settings: bodyOf(req.settings),
+            gitCloneProvider: req.gitCloneProvider,
             copyVarsFromBranch: req.copyVarsFromBranch,
             cloneDataFromBranch: req.cloneDataFromBranch,
             cloneComponents: req.cloneComponents

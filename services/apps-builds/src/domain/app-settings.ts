@@ -146,8 +146,14 @@ type PatchField = (typeof PATCH_FIELDS)[number];
 const DISPLAY_NAME_MAX = 200;
 const DESCRIPTION_MAX = 2000;
 
-/** Reads a PATCH body; throws the 422 listing every problem it has. */
-export function readAppPatch(body: unknown): AppPatch {
+/** The settings a registration may carry too (register body, spec 4.4), read by the same rules. */
+export const REGISTRATION_SETTINGS = ["deploy_config", "services", "containers", "database_enabled", "cache_enabled", "email_enabled"] as const;
+
+/**
+ * Reads a PATCH body, or the settings of a registration (`accepted`: REGISTRATION_SETTINGS);
+ * throws the 422 listing every problem it has.
+ */
+export function readAppPatch(body: unknown, accepted: readonly PatchField[] = PATCH_FIELDS): AppPatch {
   if (!isObject(body)) {
     throw bodyRefusal([{ code: "invalid_body", message: "The body must be a JSON object of the fields to change." }], "invalid_patch");
   }
@@ -156,8 +162,8 @@ export function readAppPatch(body: unknown): AppPatch {
   const refuse = (field: string, code: string, message: string) => problems.push({ code, message, field });
 
   for (const field of Object.keys(body)) {
-    if (!(PATCH_FIELDS as readonly string[]).includes(field)) {
-      refuse(field, "unknown_field", `${field} is not a field an app update accepts (accepted: ${PATCH_FIELDS.join(", ")}).`);
+    if (!(accepted as readonly string[]).includes(field)) {
+      refuse(field, "unknown_field", `${field} is not a field an app update accepts (accepted: ${accepted.join(", ")}).`);
     }
   }
 
@@ -268,6 +274,27 @@ const FEATURE_FLAGS = [
 ] as const;
 
 /**
+ * The deploy settings of a PATCH or a registration: `deploy_config`, `services` and `containers`
+ * as sent, and the feature flags, sent or derived from the deploy config's sections.
+ */
+export function applySettings(app: App, patch: AppPatch): void {
+  if (patch.deployConfig !== undefined) {
+    app.deployConfig = patch.deployConfig;
+    const derived = deriveFeatureFlags(patch.deployConfig as AppConfig);
+    for (const [section, property, field] of FEATURE_FLAGS) {
+      const toggle = patch.deployConfig[section];
+      if (patch[property] === undefined && isObject(toggle) && typeof toggle.enabled === "boolean") app[property] = derived[field];
+    }
+  }
+  if (patch.services !== undefined) app.deployServices = patch.services;
+  if (patch.containers !== undefined) app.deployContainers = patch.containers;
+  for (const [, property] of FEATURE_FLAGS) {
+    const value = patch[property];
+    if (value !== undefined) app[property] = value;
+  }
+}
+
+/**
  * PATCH /api/apps/{app_name}?branch=: applies a body read by `readAppPatch`. 404 for an unknown
  * app or branch (another group's included); 409 `app_running` for a seed reference on a running
  * branch; 404 when the seed's source is not this app or an app of the same group.
@@ -301,20 +328,7 @@ export async function updateApp(
 
   if (patch.displayName !== undefined) app.displayName = patch.displayName;
   if (patch.description !== undefined) app.description = patch.description;
-  if (patch.deployConfig !== undefined) {
-    app.deployConfig = patch.deployConfig;
-    const derived = deriveFeatureFlags(patch.deployConfig as AppConfig);
-    for (const [section, property, field] of FEATURE_FLAGS) {
-      const toggle = patch.deployConfig[section];
-      if (patch[property] === undefined && isObject(toggle) && typeof toggle.enabled === "boolean") app[property] = derived[field];
-    }
-  }
-  if (patch.services !== undefined) app.deployServices = patch.services;
-  if (patch.containers !== undefined) app.deployContainers = patch.containers;
-  for (const [, property] of FEATURE_FLAGS) {
-    const value = patch[property];
-    if (value !== undefined) app[property] = value;
-  }
+  applySettings(app, patch);
   if (seed !== undefined) app.seedFromReference = seed ? seed.reference : null;
   if (patch.visibility !== undefined && patch.visibility !== app.visibility) {
     app.visibility = patch.visibility;

@@ -12,7 +12,7 @@ import { App } from "../entities/index.ts";
 import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
-import { parseSeedReference, SEED_REFERENCE_MAX } from "./app-settings.ts";
+import { applySettings, parseSeedReference, readAppPatch, REGISTRATION_SETTINGS, SEED_REFERENCE_MAX } from "./app-settings.ts";
 import { copyVarsForRegistration } from "./variables.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 
@@ -24,9 +24,12 @@ export interface RegisterInput {
   description?: string;
   configPath?: string;
   groupSlug?: string;
-  databaseEnabled?: boolean;
-  cacheEnabled?: boolean;
-  emailEnabled?: boolean;
+  /**
+   * The deploy settings sent with the registration (REGISTRATION_SETTINGS: deploy_config,
+   * services, containers and the feature flags), as the client's JSON; read like a PATCH.
+   */
+  settings?: unknown;
+  gitCloneProvider?: string;
   copyVarsFromBranch?: string;
   cloneDataFromBranch?: string;
   cloneComponents?: { db: boolean; drives: boolean; buckets: boolean };
@@ -49,12 +52,41 @@ export const DEFAULT_CLONE_COMPONENTS = { db: true, drives: true, buckets: false
 
 export const DEFAULT_CONFIG_PATH = "platform.yaml";
 
+/**
+ * A config path as stored: relative, inside the repository, without `.` segments, so that
+ * `./platform.yaml` is the same file as `platform.yaml` for the same-repository rule.
+ */
 export function checkConfigPath(input: string | undefined): string {
-  const path = (input ?? "").trim() || DEFAULT_CONFIG_PATH;
-  if (path.length > 256 || path.startsWith("/") || path.split("/").some((part) => part === ".." || part === "")) {
+  const parts = ((input ?? "").trim() || DEFAULT_CONFIG_PATH).split("/").filter((part) => part !== ".");
+  const path = parts.join("/");
+  if (path.length > 256 || parts.length === 0 || parts.some((part) => part === ".." || part === "")) {
     throw PlatformError.invalid("config_path must be a relative path inside the repository.");
   }
   return path;
+}
+
+export const GIT_PROVIDERS = ["github", "gitlab"] as const;
+
+/**
+ * `git_clone_provider` clones with the caller's linked account on that provider. Accounts are
+ * linked through the sign-in flows (spec 4.2), which this platform does not offer yet, so no
+ * caller has one: the field is refused rather than ignored, since a private repository would
+ * otherwise fail its preflight with no hint why.
+ */
+export function checkCloneProvider(caller: Caller, provider: string | undefined): void {
+  const name = (provider ?? "").trim();
+  if (!name) return;
+  if (!(GIT_PROVIDERS as readonly string[]).includes(name)) throw PlatformError.invalid(`git_clone_provider must be one of ${GIT_PROVIDERS.join(", ")}.`);
+  if (caller.kind !== "session") {
+    throw PlatformError.invalid({
+      code: "no_user_session",
+      message: `git_clone_provider clones with the signed-in user's linked ${name} account; an API key has none. Register with a repository URL the agents can clone.`,
+    });
+  }
+  throw PlatformError.invalid({
+    code: "not_linked",
+    message: `You have no linked ${name} account to clone with. Register with a repository URL the agents can clone (public https, or ssh with the host's deploy key).`,
+  });
 }
 
 function actor(caller: Caller): string {
@@ -93,6 +125,8 @@ export async function registerApp(
   policy: RepositoryPolicy,
 ): Promise<Registered> {
   const group = registrationGroup(caller, input.groupSlug);
+  const settings = input.settings === undefined ? {} : readAppPatch(input.settings, REGISTRATION_SETTINGS);
+  checkCloneProvider(caller, input.gitCloneProvider);
   const baseName = appNameFrom(input.appName);
   const branch = checkBranch(input.branch || "main");
   const label = branchLabel(branch);
@@ -157,9 +191,9 @@ export async function registerApp(
     isProduction: ours.length === 0,
     latestBuild: null,
     buildCount: 0,
-    databaseEnabled: input.databaseEnabled ?? false,
-    cacheEnabled: input.cacheEnabled ?? false,
-    emailEnabled: input.emailEnabled ?? false,
+    databaseEnabled: false,
+    cacheEnabled: false,
+    emailEnabled: false,
     preflightStatus: "pending",
     preflightResult: null,
     preflightNonce: 0,
@@ -173,6 +207,7 @@ export async function registerApp(
     cloneData: null,
     createdBy: actor(caller),
   });
+  applySettings(app, settings);
   const siblingOf = async (branchName: string) => em.findOne(App, { appName, branch: branchName, groupSlug: group, id: { $ne: app.id } });
 
   const seed = input.seedFromReference?.trim();
