@@ -32,8 +32,6 @@ declare module "fastify" {
   interface FastifyRequest {
     caller: Caller | null;
     principal: Principal | null;
-    /** The caller named a group (?group= or X-Platform-Group) rather than taking the default. */
-    explicitGroup: boolean;
   }
 }
 
@@ -92,7 +90,6 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
 
   app.decorateRequest("caller", null);
   app.decorateRequest("principal", null);
-  app.decorateRequest("explicitGroup", false);
 
   const check = async (request: FastifyRequest, access: Access): Promise<void> => {
     const raw = readCredential(request.headers.authorization);
@@ -135,7 +132,6 @@ export function registerAccess(app: FastifyInstance, opts: AccessOptions): Acces
 
     request.principal = principal;
     request.caller = caller;
-    request.explicitGroup = explicit;
   };
 
   // The check is attached to each route that needs it, so public routes (health, docs) pay nothing.

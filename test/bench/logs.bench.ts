@@ -207,7 +207,7 @@ export async function run(): Promise<Verdict[]> {
     };
     const direct = async (s: Search): Promise<number> => {
       const input: LogQueryInput = { search: s.params.search, since: s.params.since, appName: s.params.app_name };
-      const scope = groupScope(callers[s.who], false);
+      const scope = groupScope(callers[s.who]);
       if (scope.kind === "none") throw new Error("no scope");
       const { page, count } = logSql(normaliseLogQuery(input, now), scope);
       const t = performance.now();

@@ -12,6 +12,7 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { AppsBuildsService, DeployQueueService } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
+import { inGroup } from "@platform/caller";
 import { callerOf } from "../access.ts";
 import { appJson } from "./apps.ts";
 import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
@@ -83,7 +84,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       const caller = callerOf(request);
       const current = await apps.getApp({ caller, appName: app_name, branch: branch ?? "" });
       if (!rebuild && current.latestBuild) {
-        const r = await queue.queueDeployment({ caller, appName: current.appName, branch: current.branch, explicitGroup: true, reason: "redeploy" });
+        const r = await queue.queueDeployment({ caller: inGroup(caller, current.groupSlug), appName: current.appName, branch: current.branch, reason: "redeploy" });
         return reply.code(202).send({ action_id: r.actionId, deployment_id: r.deploymentId, app_name: r.appName, branch: r.branch, image_tag: r.imageTag, status: "queued", mode: "image", build_id: null });
       }
       const b = await apps.triggerBuild({ caller, appName: current.appName, repository: current.repository, branch: current.branch, autoDeploy: true, configPath: current.configPath });
@@ -103,7 +104,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       async (request, reply) => {
         const { app_name } = request.params as { app_name: string };
         const { branch } = request.query as { branch?: string };
-        const r = await queue.queueAppAction({ caller: callerOf(request), appName: app_name, branch: branch ?? "", actionType: type, explicitGroup: request.explicitGroup });
+        const r = await queue.queueAppAction({ caller: callerOf(request), appName: app_name, branch: branch ?? "", actionType: type });
         return reply.code(202).send({ action_id: r.actionIds[0], deployment_id: r.actionIds[0], app_name: r.appName, branch: r.branch, image_tag: orNull(r.imageTag), status: r.status });
       },
     );
@@ -162,7 +163,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       const { app_name, service } = request.params as { app_name: string; service: string };
       const { branch } = request.query as { branch?: string };
       const { replicas } = request.body as { replicas: number };
-      const r = await queue.scaleService({ caller: callerOf(request), appName: app_name, branch: branch ?? "", service, replicas, explicitGroup: request.explicitGroup });
+      const r = await queue.scaleService({ caller: callerOf(request), appName: app_name, branch: branch ?? "", service, replicas });
       return {
         app_name: r.appName,
         branch: r.branch,
@@ -237,7 +238,6 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         branch: body.branch ?? "",
         actionType: "UNDEPLOY",
         purge: body.purge === true,
-        explicitGroup: request.explicitGroup,
       });
       return reply.code(202).send({ action_id: r.actionIds[0], app_name: r.appName, branch: r.branch, status: r.status, purge: body.purge === true });
     },
@@ -284,7 +284,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     async (request) => {
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
-      const r = await queue.getServicesStatus({ caller: callerOf(request), appName: app_name, branch: branch ?? "", explicitGroup: request.explicitGroup });
+      const r = await queue.getServicesStatus({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
       return {
         app_name: r.appName,
         branch: r.branch,
@@ -310,7 +310,6 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       actionType: "SERVICE_ACTION",
       action,
       services: service ? [service] : [],
-      explicitGroup: request.explicitGroup,
     });
   };
   const serviceActionResponse = {

@@ -176,7 +176,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       },
     },
     async (request) => {
-      const r = await apps.listApps({ caller: callerOf(request), allGroups: !request.explicitGroup });
+      const r = await apps.listApps({ caller: callerOf(request) });
       return { items: r.items.map((a) => appJson(a, false)), total: r.total, domain: env.domain };
     },
   );

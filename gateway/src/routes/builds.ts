@@ -165,7 +165,6 @@ export function buildRoutes(
         since: q.since ?? "",
         limit: q.limit,
         offset: q.offset,
-        explicitGroup: request.explicitGroup,
       });
       return { items: r.items.map(buildJson), total: r.total };
     },
@@ -185,7 +184,7 @@ export function buildRoutes(
     },
     async (request) => {
       const { build_id } = request.params as { build_id: string };
-      return buildJson(await apps.getBuild({ caller: callerOf(request), buildId: build_id, explicitGroup: request.explicitGroup }));
+      return buildJson(await apps.getBuild({ caller: callerOf(request), buildId: build_id }));
     },
   );
 
@@ -223,7 +222,7 @@ export function buildRoutes(
       const caller = callerOf(request);
       let build: Build;
       try {
-        build = await apps.getBuild({ caller, buildId: build_id, explicitGroup: request.explicitGroup });
+        build = await apps.getBuild({ caller, buildId: build_id });
       } catch (err) {
         if (platformErrorOf(err)?.status !== 404) throw err;
         // No builds row: the queue may still know the action (a build that failed before its record).
@@ -236,7 +235,7 @@ export function buildRoutes(
           throw missing();
         }
         // Only a BUILD stands in for a build, and only where the builds row was looked for.
-        const searched = (caller.platformOperator && !request.explicitGroup) || action.groupSlug === caller.selectedGroup;
+        const searched = (caller.platformOperator && !caller.explicitGroup) || action.groupSlug === caller.selectedGroup;
         if (action.actionType !== "BUILD" || !searched) throw missing();
         return fromQueue(action);
       }

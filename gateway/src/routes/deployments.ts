@@ -153,7 +153,6 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
         servicesJson: body.services ? JSON.stringify(body.services) : "",
         placementPlanJson: body.placement_plan ? JSON.stringify(body.placement_plan) : "",
         skipPreflight: skip_preflight,
-        explicitGroup: request.explicitGroup,
         reason: "api",
       });
       reply.code(202);
@@ -177,7 +176,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
     },
     async (request) => {
       const q = request.query as { app_name?: string; limit: number; offset: number };
-      const r = await queue.listDeployments({ caller: callerOf(request), appName: q.app_name ?? "", limit: q.limit, offset: q.offset, explicitGroup: request.explicitGroup });
+      const r = await queue.listDeployments({ caller: callerOf(request), appName: q.app_name ?? "", limit: q.limit, offset: q.offset });
       return { items: r.items.map(deploymentJson), total: r.total };
     },
   );
@@ -202,7 +201,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
     },
     async (request) => {
       const q = request.query as { app_name: string; limit: number; offset: number };
-      const r = await queue.listHistory({ caller: callerOf(request), appName: q.app_name, limit: q.limit, offset: q.offset, explicitGroup: request.explicitGroup });
+      const r = await queue.listHistory({ caller: callerOf(request), appName: q.app_name, limit: q.limit, offset: q.offset });
       return {
         items: r.items.map((h) => ({
           id: h.id,

@@ -101,7 +101,7 @@ export function keyRoutes(app: FastifyInstance, identity: Client<typeof Identity
       },
     },
     async (request) => {
-      const r = await identity.listKeys({ caller: callerOf(request), explicitGroup: request.explicitGroup });
+      const r = await identity.listKeys({ caller: callerOf(request) });
       return { items: r.items.map(keyJson), total: r.total };
     },
   );

@@ -142,7 +142,6 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
         limit: q.limit,
         offset: q.offset,
         branch: q.branch ?? "",
-        explicitGroup: request.explicitGroup,
       });
       const body: { logs: ReturnType<typeof rowJson>[]; total: number; has_more: boolean; error?: string; reason?: string } = {
         logs: r.logs.map(rowJson),

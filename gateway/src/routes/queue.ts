@@ -126,7 +126,6 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
         all: q.all,
         excludeTypes: (q.exclude_types ?? []).flatMap((t) => t.split(",")).map((t) => t.trim()).filter(Boolean),
         limit: q.limit,
-        explicitGroup: request.explicitGroup,
       });
       return r.items.map(queueRowJson);
     },

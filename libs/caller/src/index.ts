@@ -57,6 +57,23 @@ export function requireCaller(caller: Caller | undefined): Caller {
   return caller;
 }
 
+/**
+ * A platform operator who named no group (no `?group=`, no group header) sees every group's
+ * records in listings and look-ups; anyone else sees the group they act in.
+ */
+export function spansEveryGroup(caller: Caller): boolean {
+  return caller.platformOperator && !caller.explicitGroup;
+}
+
+/**
+ * The caller acting in one group, as if it had named it (`?group=`): for the look-ups a service
+ * makes once it knows the group of what the request is about (the app's own), so that an
+ * operator's look-up stays in that group instead of spanning every group.
+ */
+export function inGroup(caller: Caller, groupSlug: string): Caller {
+  return create(CallerSchema, { ...caller, selectedGroup: groupSlug, explicitGroup: true });
+}
+
 /** Operators see every group; others only those they belong to. */
 export function canSeeGroup(caller: Caller, slug: string): boolean {
   return caller.platformOperator || caller.visibleGroups.includes(slug);

@@ -62,14 +62,14 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
     async listBuilds(req) {
       const caller = requireCaller(req.caller);
       const r = await ctx.read((em) =>
-        listBuilds(em, caller, { appName: req.appName, branch: req.branch, since: req.since, limit: req.limit || 50, offset: req.offset }, req.explicitGroup),
+        listBuilds(em, caller, { appName: req.appName, branch: req.branch, since: req.since, limit: req.limit || 50, offset: req.offset }),
       );
       return { items: r.items.map((b) => buildMsg(b)), total: r.total };
     },
 
     async getBuild(req) {
       const caller = requireCaller(req.caller);
-      const build = await ctx.read((em) => findBuildByPrefix(em, caller, req.buildId, req.explicitGroup));
+      const build = await ctx.read((em) => findBuildByPrefix(em, caller, req.buildId));
       if (!build) throw buildNotFound(req.buildId);
       return buildMsg(build, true);
     },

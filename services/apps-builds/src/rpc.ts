@@ -144,7 +144,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
       async listApps(req) {
         const caller = requireCaller(req.caller);
         const { apps, counts } = await ctx.read(async (em) => {
-          const apps = await listApps(em, caller, req.allGroups);
+          const apps = await listApps(em, caller);
           return { apps, counts: await buildCounts(em, apps) };
         });
         return { items: apps.map((a) => appMsg(a, router, counts.get(a.id) ?? 0)), total: apps.length };
@@ -193,7 +193,6 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
           groupSlug: req.groupSlug,
           skipPreflight: req.skipPreflight,
           allowPendingBuild: req.allowPendingBuild,
-          explicitGroup: req.explicitGroup,
         };
         const r = caller || query.allowPendingBuild ? await ctx.read((em) => resolveRelease(em, caller, query, router)) : await resolveClaimedRelease(ctx.read, query, router);
         return {

@@ -188,7 +188,7 @@ describe("the release of a claimed deploy", () => {
   it("waits for its build's completion to reach the builds row, a bounded while", async () => {
     await preflight("ready");
     const r = await trigger();
-    const query = { appName: "shop", branch: "main", imageTag: r.tag, groupSlug: "acme", skipPreflight: true, explicitGroup: false };
+    const query = { appName: "shop", branch: "main", imageTag: r.tag, groupSlug: "acme", skipPreflight: true };
     const router = routerSettings(service.ctx.config as never);
     await expect(resolveClaimedRelease(service.ctx.read, query, router, 100)).rejects.toThrow(`has no successful build tagged '${r.tag}'`);
 

@@ -2,7 +2,7 @@
 import { ConnectError, type Client, type ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type AppsBuildsService } from "@platform/proto";
-import { requireCaller, type Caller } from "@platform/caller";
+import { inGroup, requireCaller, spansEveryGroup, type Caller } from "@platform/caller";
 import { fromConnectError, PlatformError } from "@platform/errors";
 import type { ServiceContext } from "@platform/service";
 import { Agent, type Action } from "./entities/index.ts";
@@ -106,7 +106,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
       async listQueue(req) {
         const caller = requireCaller(req.caller);
         const rows = await ctx.read((em) =>
-          listQueue(em, caller, { appName: req.appName, all: req.all, excludeTypes: req.excludeTypes, limit: req.limit, explicitGroup: req.explicitGroup }, new Date()),
+          listQueue(em, caller, { appName: req.appName, all: req.all, excludeTypes: req.excludeTypes, limit: req.limit }, new Date()),
         );
         return { items: rows.map(actionMsg) };
       },
@@ -157,7 +157,6 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           branch: req.branch,
           imageTag: req.imageTag,
           skipPreflight: req.skipPreflight,
-          explicitGroup: req.explicitGroup,
         });
         const services = parseJson(req.servicesJson, "services");
         const plan = parseJson(req.placementPlanJson, "placement_plan");
@@ -190,7 +189,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async listDeployments(req) {
         const caller = requireCaller(req.caller);
-        const page = await ctx.read((em) => listDeployments(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset, explicitGroup: req.explicitGroup }));
+        const page = await ctx.read((em) => listDeployments(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset }));
         return { items: page.items.map((a) => deploymentMsg(a, caller)), total: page.total };
       },
 
@@ -214,7 +213,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async listHistory(req) {
         const caller = requireCaller(req.caller);
-        const page = await ctx.read((em) => listHistory(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset, explicitGroup: req.explicitGroup }));
+        const page = await ctx.read((em) => listHistory(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset }));
         return {
           items: page.items.map((h) => ({
             id: h.id,
@@ -272,7 +271,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           case "RETRY": {
             const failed = await ctx.read((em) => retryTarget(em, target.groupSlug, target.appName, target.branch));
             // The quarantine and the image are checked as for any deploy.
-            await apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: failed.imageTag ?? "", explicitGroup: req.explicitGroup });
+            await apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag: failed.imageTag ?? "" });
             const action = await ctx.write(async (em) => {
               await retryTarget(em, target.groupSlug, target.appName, target.branch);
               return queueAppAction(
@@ -293,7 +292,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             // a static service is refused 422, an undeclared one 404): from the release serving,
             // else from the latest build's, when there is one.
             const tag = running ? app.runningVersion! : (app.latestBuild ?? "");
-            const resolving = tag ? apps.resolveRelease({ caller, appName: target.appName, branch: target.branch, imageTag: tag, skipPreflight: true, explicitGroup: req.explicitGroup }) : null;
+            const resolving = tag ? apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag: tag, skipPreflight: true }) : null;
             const release = running ? await resolving : await resolving?.catch(() => null);
             const config = release ? (JSON.parse(release.configJson) as { type?: string; services?: Record<string, unknown> }) : null;
             const shapes = Object.keys(config?.services ?? {}).map((name) => ({ name, isStatic: config?.type === "static" }));
@@ -334,14 +333,13 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         let isStatic = false;
         if (app.latestBuild || app.runningVersion) {
           const release = await apps
-            .resolveRelease({ caller, appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true, explicitGroup: true })
+            .resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true })
             .catch(() => null);
           isStatic = release ? (JSON.parse(release.configJson) as { type?: string }).type === "static" : false;
         }
         // An operator who named no group may mean another group's app of that name and branch.
         const ambiguous =
-          caller.platformOperator &&
-          !req.explicitGroup &&
+          spansEveryGroup(caller) &&
           new Set(
             (await apps.listBranches({ caller, appName: req.appName }).catch(() => ({ branches: [] }))).branches
               .filter((b) => b.branch === app.branch)
@@ -397,7 +395,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           return { ...base, actionId: "", noop: true, deployed: deployed ?? undefined };
         }
         try {
-          const release = await apps.resolveRelease({ caller, appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true, explicitGroup: req.explicitGroup });
+          const release = await apps.resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true });
           const dispatched: Dispatched[] = [];
           const action = await ctx.write(async (em) => {
             await refuseScaleInFlight(em, target);

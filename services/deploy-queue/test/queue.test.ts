@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { deployQueueEnv, loadConfig } from "@platform/config";
 import { createServiceClient } from "@platform/rpc";
 import { DeployQueueService } from "@platform/proto";
-import { makeCaller, type Caller } from "@platform/caller";
+import { inGroup, makeCaller, type Caller } from "@platform/caller";
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 import { connectBus, subjects, subscribe, type Bus, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
@@ -446,7 +446,7 @@ describe("reads", () => {
 
     const everyone = await client.listQueue({ caller: operator("acme"), all: true, limit: 500 });
     expect(new Set(everyone.items.map((a) => a.groupSlug))).toEqual(new Set(["acme", "globex"]));
-    const selected = await client.listQueue({ caller: operator("globex"), all: true, explicitGroup: true });
+    const selected = await client.listQueue({ caller: inGroup(operator("globex"), "globex"), all: true });
     expect(new Set(selected.items.map((a) => a.groupSlug))).toEqual(new Set(["globex"]));
     expect((await client.listQueue({ caller: globex })).items.every((a) => a.groupSlug === "globex")).toBe(true);
   });

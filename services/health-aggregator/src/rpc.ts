@@ -30,7 +30,6 @@ export function routes(ctx: ServiceContext, store: LogStore) {
             offset: req.offset,
             branch: req.branch,
           },
-          req.explicitGroup,
         );
         return {
           logs: page.logs.map((r) => ({

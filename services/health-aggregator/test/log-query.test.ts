@@ -113,16 +113,16 @@ describe("groupScope", () => {
   const operator = makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, selectedGroup: "" });
 
   it("gives a tenant the group it acts in, never more", () => {
-    expect(groupScope(tenant, false)).toEqual({ kind: "group", slug: "acme" });
-    expect(groupScope(tenant, true)).toEqual({ kind: "group", slug: "acme" });
-    const stranger = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "globex" });
-    expect(groupScope(stranger, true)).toEqual({ kind: "none" });
+    expect(groupScope(tenant)).toEqual({ kind: "group", slug: "acme" });
+    expect(groupScope(makeCaller({ ...tenant, explicitGroup: true }))).toEqual({ kind: "group", slug: "acme" });
+    const stranger = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "globex", explicitGroup: true });
+    expect(groupScope(stranger)).toEqual({ kind: "none" });
   });
 
   it("gives an operator every group unless it selected one", () => {
-    expect(groupScope(operator, false)).toEqual({ kind: "all" });
-    expect(groupScope(makeCaller({ ...operator, selectedGroup: "acme" }), false)).toEqual({ kind: "all" });
-    expect(groupScope(makeCaller({ ...operator, selectedGroup: "acme" }), true)).toEqual({ kind: "group", slug: "acme" });
+    expect(groupScope(operator)).toEqual({ kind: "all" });
+    expect(groupScope(makeCaller({ ...operator, selectedGroup: "acme" }))).toEqual({ kind: "all" });
+    expect(groupScope(makeCaller({ ...operator, selectedGroup: "acme", explicitGroup: true }))).toEqual({ kind: "group", slug: "acme" });
   });
 });
 

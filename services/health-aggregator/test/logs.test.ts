@@ -369,17 +369,17 @@ describe("queries", () => {
     expect(await messages(acme, { search: "platform" })).toEqual([]);
     expect(await messages(operator, { search: "platform" })).toEqual(["platform agent started"]);
     // A selected group the caller is not a member of sees nothing.
-    const stray = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "globex" });
-    expect((await query(stray, { explicitGroup: true })).total).toBe(0);
+    const stray = makeCaller({ kind: "api_key", principalId: "k", scope: "read", visibleGroups: ["acme"], selectedGroup: "globex", explicitGroup: true });
+    expect((await query(stray)).total).toBe(0);
   });
 
   it("lets an operator read every group, or the group it selected", async () => {
     const all = await query(operator, { limit: 1000 });
     const apps = new Set(all.logs.map((l) => l.appName ?? null));
     for (const app of ["shop", "rocket", null]) expect(apps.has(app), String(app)).toBe(true);
-    const selected = makeCaller({ ...operator, selectedGroup: "globex" });
-    expect(await messages(selected, { explicitGroup: true })).toEqual(["rocket engine ignition", "build finished"]);
-    expect((await query(selected, { explicitGroup: false })).total).toBe(all.total);
+    const selected = makeCaller({ ...operator, selectedGroup: "globex", explicitGroup: true });
+    expect(await messages(selected)).toEqual(["rocket engine ignition", "build finished"]);
+    expect((await query(makeCaller({ ...operator, selectedGroup: "globex" }))).total).toBe(all.total);
   });
 
   it("uses branch only for the access check", async () => {

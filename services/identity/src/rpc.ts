@@ -12,7 +12,7 @@ import {
   type AppsBuildsService,
   type GroupLeaseOutcome,
 } from "@platform/proto";
-import { requireCaller, type Caller } from "@platform/caller";
+import { inGroup, requireCaller, type Caller } from "@platform/caller";
 import type { ServiceContext } from "@platform/service";
 import type { Group, Session } from "./entities/index.ts";
 import { createGroup, deleteGroup, findVisibleGroup, listGroups, updateGroup } from "./domain/groups.ts";
@@ -63,7 +63,7 @@ function leaseOutcomeMsg(o: LeaseOutcome): GroupLeaseOutcome {
 
 export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>) {
   // How many app branches a group owns under one slug, as apps-builds answers the operator acting in it.
-  const appsIn = (caller: Caller) => async (slug: string) => (await apps.listApps({ caller: { ...caller, selectedGroup: slug }, allGroups: false })).total;
+  const appsIn = (caller: Caller) => async (slug: string) => (await apps.listApps({ caller: inGroup(caller, slug) })).total;
   return (router: ConnectRouter) => {
     router.service(IdentityService, {
       readiness: (req) => ctx.readiness(req),
@@ -157,7 +157,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async listKeys(req) {
         const caller = requireCaller(req.caller);
-        const keys = await ctx.read((em) => listKeys(em, caller, req.explicitGroup));
+        const keys = await ctx.read((em) => listKeys(em, caller));
         return { items: keys.map(keyMsg), total: keys.length };
       },
 

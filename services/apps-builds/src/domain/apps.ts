@@ -3,7 +3,7 @@
  */
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
-import { canSeeGroup, type Caller } from "@platform/caller";
+import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
 
 export function appNotFound(appName: string, branch?: string): PlatformError {
@@ -16,7 +16,7 @@ export function appNotFound(appName: string, branch?: string): PlatformError {
  */
 export async function appBranches(em: EntityManager, caller: Caller, appName: string): Promise<App[]> {
   const rows = await em.find(App, { appName }, { orderBy: { isProduction: "desc", createdAt: "asc" } });
-  const anyGroup = !caller.selectedGroup || (caller.platformOperator && !caller.explicitGroup);
+  const anyGroup = !caller.selectedGroup || spansEveryGroup(caller);
   const visible = rows.filter((a) => canSeeGroup(caller, a.groupSlug) && (anyGroup || a.groupSlug === caller.selectedGroup));
   if (visible.length === 0) throw appNotFound(appName);
   return visible;
@@ -31,8 +31,8 @@ export async function findApp(em: EntityManager, caller: Caller, appName: string
   return row;
 }
 
-export async function listApps(em: EntityManager, caller: Caller, allGroups: boolean): Promise<App[]> {
-  const where = caller.platformOperator && allGroups ? {} : { groupSlug: caller.selectedGroup };
+export async function listApps(em: EntityManager, caller: Caller): Promise<App[]> {
+  const where = spansEveryGroup(caller) ? {} : { groupSlug: caller.selectedGroup };
   if (!caller.platformOperator && !canSeeGroup(caller, caller.selectedGroup)) return [];
   return em.find(App, where, { orderBy: { appName: "asc", isProduction: "desc", branch: "asc" } });
 }

@@ -7,7 +7,7 @@ import { PlatformError } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { subjects } from "@platform/bus";
-import { canSeeGroup, type Caller } from "@platform/caller";
+import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
@@ -43,8 +43,8 @@ export function newTag(app: Pick<App, "branchLabel">): string {
   return `${app.branchLabel}-${randomBytes(4).toString("hex")}`;
 }
 
-function visibleGroupFilter(caller: Caller, explicitGroup: boolean): { groupSlug?: string } {
-  if (caller.platformOperator && !explicitGroup) return {};
+function visibleGroupFilter(caller: Caller): { groupSlug?: string } {
+  if (spansEveryGroup(caller)) return {};
   return { groupSlug: caller.selectedGroup };
 }
 
@@ -328,12 +328,12 @@ export function checkIdPrefix(id: string): string {
   return id.toLowerCase();
 }
 
-export async function findBuildByPrefix(em: EntityManager, caller: Caller, id: string, explicitGroup = false): Promise<Build | null> {
+export async function findBuildByPrefix(em: EntityManager, caller: Caller, id: string): Promise<Build | null> {
   const prefix = checkIdPrefix(id);
   const rows = await em
     .getConnection()
     .execute<{ id: string; group_slug: string }[]>("select id, group_slug from builds where id::text like ? limit 50", [`${prefix}%`], "all", em.getTransactionContext());
-  const scope = visibleGroupFilter(caller, explicitGroup);
+  const scope = visibleGroupFilter(caller);
   const visible = rows.filter((r) => canSeeGroup(caller, r.group_slug) && (!scope.groupSlug || r.group_slug === scope.groupSlug));
   if (visible.length === 0) return null;
   if (visible.length > 1) {
@@ -383,10 +383,10 @@ export function parseSince(raw: string): Date {
   return at;
 }
 
-export async function listBuilds(em: EntityManager, caller: Caller, f: BuildFilters, explicitGroup: boolean): Promise<{ items: Build[]; total: number }> {
+export async function listBuilds(em: EntityManager, caller: Caller, f: BuildFilters): Promise<{ items: Build[]; total: number }> {
   if (f.limit < 1 || f.limit > 200) throw PlatformError.invalid("limit must be between 1 and 200.");
   if (f.offset < 0) throw PlatformError.invalid("offset must be 0 or more.");
-  const where: Record<string, unknown> = { ...visibleGroupFilter(caller, explicitGroup) };
+  const where: Record<string, unknown> = { ...visibleGroupFilter(caller) };
   if (!caller.platformOperator && !canSeeGroup(caller, caller.selectedGroup)) return { items: [], total: 0 };
   if (f.appName) where.appName = f.appName;
   if (f.branch) where.branch = f.branch;

@@ -24,7 +24,6 @@ export interface ReleaseQuery {
   groupSlug: string;
   skipPreflight: boolean;
   allowPendingBuild: boolean;
-  explicitGroup: boolean;
 }
 
 export interface Release {
@@ -37,9 +36,7 @@ export interface Release {
 }
 
 async function appForCaller(em: EntityManager, caller: Caller, q: ReleaseQuery): Promise<App> {
-  let rows = await appBranches(em, caller, q.appName);
-  if (caller.platformOperator && q.explicitGroup) rows = rows.filter((a) => a.groupSlug === caller.selectedGroup);
-  if (rows.length === 0) throw appNotFound(q.appName);
+  const rows = await appBranches(em, caller, q.appName);
   if (!q.branch) return rows.find((a) => a.isProduction) ?? rows[0]!;
   const matching = rows.filter((a) => a.branch === q.branch);
   if (matching.length === 0) throw appNotFound(q.appName, q.branch);

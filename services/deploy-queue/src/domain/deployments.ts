@@ -8,10 +8,9 @@
  * colour drains) → completed | failed | cancelled; an UNDEPLOY queued or in flight is `undeploying`.
  */
 import { randomUUID } from "node:crypto";
-import type { Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
-import { canSeeGroup } from "@platform/caller";
+import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { Action, HistoryRecord } from "../entities/index.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES } from "./history.ts";
@@ -106,8 +105,8 @@ export async function queueDeployment(
   return action;
 }
 
-function groupFilter(caller: Caller, explicitGroup: boolean): { groupSlug?: string } | null {
-  if (caller.platformOperator && !explicitGroup) return {};
+function groupFilter(caller: Caller): { groupSlug?: string } | null {
+  if (spansEveryGroup(caller)) return {};
   if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return null;
   return { groupSlug: caller.selectedGroup };
 }
@@ -120,10 +119,10 @@ export interface Page<T> {
 export async function listDeployments(
   em: EntityManager,
   caller: Caller,
-  q: { appName: string; limit?: number; offset?: number; explicitGroup: boolean },
+  q: { appName: string; limit?: number; offset?: number },
 ): Promise<Page<Action>> {
   const { limit, offset } = resolvePage(q.limit, q.offset);
-  const scope = groupFilter(caller, q.explicitGroup);
+  const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
   const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: q.appName } : {}) };
   const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
@@ -142,11 +141,11 @@ export async function getDeployment(em: EntityManager, caller: Caller, id: strin
 export async function listHistory(
   em: EntityManager,
   caller: Caller,
-  q: { appName: string; limit?: number; offset?: number; explicitGroup: boolean },
+  q: { appName: string; limit?: number; offset?: number },
 ): Promise<Page<HistoryRecord>> {
   if (!q.appName) throw PlatformError.invalid("app_name is required.");
   const { limit, offset } = resolvePage(q.limit, q.offset);
-  const scope = groupFilter(caller, q.explicitGroup);
+  const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
   const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: q.appName }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
   return { items, total };

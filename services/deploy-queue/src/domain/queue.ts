@@ -8,7 +8,7 @@
  * one (?group= or X-Platform-Group).
  */
 import { PlatformError } from "@platform/errors";
-import { canSeeGroup, type Caller } from "@platform/caller";
+import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { LIVE_STATUSES } from "./lifecycle.ts";
@@ -23,7 +23,6 @@ export interface ListFilters {
   excludeTypes?: string[];
   /** 0 or missing: the default. */
   limit?: number;
-  explicitGroup?: boolean;
 }
 
 export interface ActionView {
@@ -56,7 +55,7 @@ export async function withStuckClass(em: EntityManager, actions: Action[], now: 
 export async function listQueue(em: EntityManager, caller: Caller, f: ListFilters, now: Date): Promise<ActionView[]> {
   const limit = resolveLimit(f.limit);
   const where: Record<string, unknown> = {};
-  if (!caller.platformOperator || f.explicitGroup) {
+  if (!spansEveryGroup(caller)) {
     if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return [];
     where.groupSlug = caller.selectedGroup;
   }

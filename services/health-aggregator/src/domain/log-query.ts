@@ -4,7 +4,7 @@
  * that answers them. No I/O here: `log-store.ts` runs what `logSql` builds.
  */
 import { PlatformError } from "@platform/errors";
-import type { Caller } from "@platform/caller";
+import { spansEveryGroup, type Caller } from "@platform/caller";
 import { LOG_LEVELS, LOG_SOURCES, isHexOrHyphenId, type LogLevel, type LogSource } from "@platform/logship";
 
 export const DEFAULT_LIMIT = 100;
@@ -140,8 +140,8 @@ export type GroupScope = { kind: "all" } | { kind: "group"; slug: string } | { k
  * (lines carry their app's group); an operator reads every group, or the group it selected
  * explicitly. Platform lines (no group) are for operators only.
  */
-export function groupScope(caller: Caller, explicitGroup: boolean): GroupScope {
-  if (caller.platformOperator) return explicitGroup && caller.selectedGroup ? { kind: "group", slug: caller.selectedGroup } : { kind: "all" };
+export function groupScope(caller: Caller): GroupScope {
+  if (caller.platformOperator) return !spansEveryGroup(caller) && caller.selectedGroup ? { kind: "group", slug: caller.selectedGroup } : { kind: "all" };
   if (caller.selectedGroup && caller.visibleGroups.includes(caller.selectedGroup)) return { kind: "group", slug: caller.selectedGroup };
   return { kind: "none" };
 }

@@ -183,10 +183,10 @@ export class LogStore {
    * container answer says why (`reason`); an answer with lines, or with `error`, never does.
    * Empty means nothing matched (total 0), not a page past the end.
    */
-  async query(caller: Caller, input: LogQueryInput, explicitGroup: boolean, now = new Date()): Promise<LogPage> {
+  async query(caller: Caller, input: LogQueryInput, now = new Date()): Promise<LogPage> {
     const q = normaliseLogQuery(input, now);
     const container = q.source === "container";
-    const scope = groupScope(caller, explicitGroup);
+    const scope = groupScope(caller);
     if (scope.kind === "none") {
       // A caller who can see no group can see no app: for it nothing was deployed anywhere.
       const empty: LogPage = { logs: [], total: 0, hasMore: false };

@@ -6,7 +6,7 @@ import { randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
-import { isScope, scopeLevel, SCOPES, type Caller } from "@platform/caller";
+import { isScope, scopeLevel, SCOPES, spansEveryGroup, type Caller } from "@platform/caller";
 import { ApiKey, Group } from "../entities/index.ts";
 import { actorOf, audit } from "./audit.ts";
 import { API_KEY_PREFIX, displayPrefix, generateApiKey, hashCredential } from "./credentials.ts";
@@ -71,9 +71,9 @@ export async function mintKey(em: EntityManager, caller: Caller, input: MintInpu
 }
 
 /** Operators see every key (or one group's when they select one); others their group's keys. */
-export async function listKeys(em: EntityManager, caller: Caller, explicitGroup: boolean): Promise<KeyView[]> {
+export async function listKeys(em: EntityManager, caller: Caller): Promise<KeyView[]> {
   let where = {};
-  if (!caller.platformOperator || explicitGroup) {
+  if (!spansEveryGroup(caller)) {
     const group = await findVisibleGroup(em, caller, caller.selectedGroup);
     where = { groupId: group.id };
   }
