@@ -12,7 +12,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
-import { refuseBody, refuseUrl } from "./domain/input-bounds.ts";
+import { closeBody, refuseBody, refuseUrl } from "./domain/input-bounds.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
@@ -48,8 +48,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.BODY_LIMIT_BYTES,
     trustProxy: true,
-    // A field a route does not know is refused (422), not silently dropped: a client that
-    // misspells `branch` must learn it, not deploy the production branch.
+    // A field a route does not know is refused (422), not silently dropped (see closedBodies).
     ajv: { customOptions: { removeAdditional: false } },
     routerOptions: { ignoreTrailingSlash: true },
     // Every line already carries the request's trace and span ids (the logger's mixin); a child
@@ -82,6 +81,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     if (refused) throw refused;
   });
 
+  app.addHook("onRoute", closeBody);
   registerErrorHandling(app);
   for (const schema of sharedSchemas) app.addSchema(schema);
   await app.register(swagger, {

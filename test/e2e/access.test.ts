@@ -204,14 +204,14 @@ describe("platform-operator gate", () => {
 });
 
 describe("bad input", () => {
-  it("refuses a NUL character in the path, the query or a JSON string with 400, before any service sees it", async () => {
+  it("refuses a NUL character in the path or the query with 400, in a JSON string with 422, before any service sees it", async () => {
     for (const path of ["/logs?search=a%00b", "/apps/a%00b", "/builds?app_name=x%00"]) {
       const r = await call(api, "GET", path, { credential: root });
       expect(r.status, path).toBe(400);
       expect(r.body.detail).toMatch(/NUL/);
     }
     const body = await call(api, "POST", "/groups", { credential: root, body: { slug: "nul\u0000" } });
-    expect(body.status).toBe(400);
+    expect(body).toMatchObject({ status: 422, body: { detail: { code: "nul_character" } } });
     // The escape itself, as text, is no NUL.
     expect((await call(api, "POST", "/groups", { credential: root, body: { slug: "a\\u0000" } })).status).toBe(422);
   });
@@ -235,6 +235,17 @@ describe("bad input", () => {
     expect((await call(api, "GET", "/logs?offset=2147483647", { credential: root })).status).toBe(200);
   });
 
+  it("refuses a number too large to represent with 422, not a server error", async () => {
+    for (const [path, body] of [
+      ["/apps", '{"app_name":"huge","repository":"https://example.com/a.git","deploy_config":{"x":1e400}}'],
+      ["/apps/nothing/config", '{"config":{"type":"container","x":-2E+999}}'],
+    ] as const) {
+      const r = await fetch(`${api}${path}`, { method: path === "/apps" ? "POST" : "PUT", headers: { authorization: `Bearer ${root}`, "content-type": "application/json" }, body });
+      expect(r.status, path).toBe(422);
+      expect(((await r.json()) as { detail: { code: string } }).detail.code).toBe("number_out_of_range");
+    }
+  });
+
   it("refuses a field a route does not know with 422 naming it, instead of dropping it", async () => {
     const deploy = await call(api, "POST", "/deployments", { credential: root, body: { app_name: "nothing", replicas: 3 } });
     expect(deploy).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
@@ -242,6 +253,10 @@ describe("bad input", () => {
     const scale = await call(api, "PATCH", "/apps/nothing/services/web/replicas", { credential: root, body: { replicas: 2, brnach: "dev" } });
     expect(scale.status).toBe(422);
     expect(scale.body.detail.message).toMatch(/brnach is not allowed/);
+    // Every route's body is closed, not only those that say so.
+    const build = await call(api, "POST", "/builds", { credential: root, body: { app_name: "nothing", repository: "https://example.com/a.git", brnach: "dev" } });
+    expect(build.status).toBe(422);
+    expect(build.body.detail.message).toMatch(/brnach is not allowed/);
   });
 });
 

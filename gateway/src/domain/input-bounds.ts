@@ -1,12 +1,17 @@
 /**
  * Input no route may take, refused before any service sees it: a NUL character anywhere (no text
- * the platform stores may hold one: Postgres text cannot), and a body nested past what can travel
- * to a service as a protobuf value.
+ * the platform stores may hold one: Postgres text cannot), a body nested past what can travel to
+ * a service as a protobuf value, a number JSON parses to infinity (no protobuf value holds one),
+ * and a body field its route does not declare.
  */
+import type { RouteOptions } from "fastify";
 import { PlatformError } from "@platform/errors";
 
+const NUL_MESSAGE = "Input may not contain a NUL character (\\u0000).";
+
+/** A NUL in the URL makes it malformed (400); one in a JSON string is a value refused (422). */
 function nulRefused(): PlatformError {
-  return PlatformError.badRequest("Input may not contain a NUL character (\\u0000).");
+  return PlatformError.badRequest(NUL_MESSAGE);
 }
 
 /**
@@ -48,10 +53,36 @@ export function refuseUrl(url: string): PlatformError | null {
   return /%00/i.test(url) ? nulRefused() : null;
 }
 
+function holdsInfinity(value: unknown): boolean {
+  if (typeof value === "number") return !Number.isFinite(value);
+  if (Array.isArray(value)) return value.some(holdsInfinity);
+  if (value && typeof value === "object") return Object.values(value).some(holdsInfinity);
+  return false;
+}
+
+/** A number literal that may overflow a double: an exponent of three digits or more, or 309 digits. */
+const HUGE_NUMBER = /[eE][+-]?\d{3}|\d{309}/;
+
 /** The refusal of a parsed JSON body, given its text, or null. */
 export function refuseBody(text: string, value: unknown): PlatformError | null {
   if (nestingDepth(text) > MAX_BODY_DEPTH) return tooDeep();
   // The escape is rare; only a body that has it is searched for a NUL that is really in a string.
-  if (text.includes("\\u0000") && holdsNul(value)) return nulRefused();
+  if (text.includes("\\u0000") && holdsNul(value)) return PlatformError.invalid({ code: "nul_character", message: NUL_MESSAGE });
+  if (HUGE_NUMBER.test(text) && holdsInfinity(value)) {
+    return PlatformError.invalid({ code: "number_out_of_range", message: "A number in the body is too large to represent (at most about 1.8e308)." });
+  }
   return null;
+}
+
+/**
+ * Every route's JSON object body is closed: a field the route does not declare is refused with a
+ * 422 naming it, never ignored, so a client that misspells `branch` learns it instead of building
+ * the production branch. A route that must judge unknown fields itself says so with its own
+ * `additionalProperties`.
+ */
+export function closeBody(route: RouteOptions): void {
+  const body = route.schema?.body as { type?: unknown; additionalProperties?: unknown } | undefined;
+  if (!body || body.additionalProperties !== undefined) return;
+  const types = Array.isArray(body.type) ? body.type : [body.type];
+  if (types.includes("object")) body.additionalProperties = false;
 }

@@ -351,6 +351,7 @@ describe("readSaveConfigBody", () => {
 
   it.each([
     [{ config: {}, config_yaml: "" }, "both_config_fields"],
+    [{ config_yaml: "type: container\n", branch: "dev" }, "unknown_field"],
     [{}, "missing_config"],
     [{ config: null }, "missing_config"],
     [{ config_yaml: 5 }, "config_yaml_not_string"],

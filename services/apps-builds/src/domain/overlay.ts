@@ -355,7 +355,7 @@ export type SaveConfigBodyResult =
 
 /**
  * The save body `{config}` or `{config_yaml}` to the submitted config. A field that is null counts
- * as absent. Refusals (all 422): `invalid_body` (not a JSON object), `both_config_fields`,
+ * as absent. Refusals (all 422): `invalid_body` (not a JSON object), `unknown_field`, `both_config_fields`,
  * `missing_config`, `config_yaml_not_string`, then the parser's (`yaml_syntax` with line and
  * column, `yaml_unsupported`, `not_a_mapping`, `too_large`, `too_deep`, `too_many_nodes`), or for
  * `config` the bounds and `not_a_mapping`.
@@ -363,6 +363,14 @@ export type SaveConfigBodyResult =
 export function readSaveConfigBody(body: unknown): SaveConfigBodyResult {
   if (!isObject(body)) {
     return { ok: false, errors: [{ code: "invalid_body", message: "The body must be a JSON object with config or config_yaml." }] };
+  }
+  // A misplaced field (`branch` belongs in the query) must not save to the production branch unnoticed.
+  const unknown = Object.keys(body).filter((field) => field !== "config" && field !== "config_yaml");
+  if (unknown.length > 0) {
+    return {
+      ok: false,
+      errors: unknown.map((field) => ({ code: "unknown_field", message: `${field} is not a field of a config save (send config or config_yaml; the branch goes in ?branch=).` })),
+    };
   }
   const config = own(body, "config");
   const yaml = own(body, "config_yaml");
