@@ -16,7 +16,7 @@ describe("build log", () => {
     const r = fromBuild(running, { rows: [row(2, "second"), row(1, "first")], more: true });
     expect(r.log).toBe("[web] first\n[web] second");
     expect(r.lines).toBe(2);
-    expect(r.message).toMatch(/^In-progress stream: .*build in progress.*truncated/);
+    expect(r.message).toMatch(/^In-progress stream: the build is in progress; .*truncated/);
     expect(r.status).toBe("queued");
     expect(r).not.toHaveProperty("source");
   });

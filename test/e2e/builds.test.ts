@@ -131,6 +131,14 @@ describe("a build on a real agent", () => {
     const skipped = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git", auto_deploy: false } });
     expect(skipped.status).toBe(202);
   });
+
+  it("builds a registered app with its own config path: another one sent is 409, a bad one 422", async () => {
+    const build = (config_path: string) => call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", repository: web.url, auto_deploy: false, config_path } });
+    const other = await build("web/platform.yaml");
+    expect(other).toMatchObject({ status: 409, body: { detail: { code: "config_path_mismatch", config_path: "platform.yaml" } } });
+    expect((await build("/etc/passwd")).status).toBe(422);
+    expect((await build("./platform.yaml")).status).toBe(202);
+  });
 });
 
 describe("cancel", () => {

@@ -37,6 +37,11 @@ export function isRunning(build: Build): boolean {
   return !TERMINAL.has(build.status) && build.queueStatus === "build_in_progress";
 }
 
+/** A live queue status in words: `build_in_progress` is "in progress". */
+function liveState(queueStatus: string): string {
+  return queueStatus.replace(/^build_/, "").replaceAll("_", " ");
+}
+
 /**
  * A finished build's stored log, or the live tail while it runs (`tail` null: the read failed);
  * a build not started yet, or finished but not yet stored, has none.
@@ -51,7 +56,7 @@ export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } 
     const message =
       !build.queueStatus || build.queueStatus === "queued"
         ? "The build is queued: no agent has started it yet, so it has no output."
-        : `The build is ${build.queueStatus.replace(/^build_/, "").replaceAll("_", " ")} and its log is being stored; try again in a moment.`;
+        : `The build is ${liveState(build.queueStatus)} and its log is being stored; try again in a moment.`;
     return { ...base, message, log: "", lines: 0 };
   }
   if (tail === null) {
@@ -62,7 +67,7 @@ export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } 
   const truncation = tail.more ? ` (truncated to the last ${LIVE_TAIL_LIMIT} lines)` : "";
   return {
     ...base,
-    message: `In-progress stream: the build is ${build.queueStatus.replaceAll("_", " ")}; this is its output so far${truncation}.`,
+    message: `In-progress stream: the build is ${liveState(build.queueStatus)}; this is its output so far${truncation}.`,
     log,
     lines: countLines(log),
   };

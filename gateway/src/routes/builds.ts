@@ -93,7 +93,12 @@ export function buildRoutes(
             repository: { type: "string" },
             branch: { type: "string", default: "main" },
             auto_deploy: { type: "boolean", default: true },
-            config_path: { type: "string", default: "platform.yaml" },
+            config_path: {
+              type: "string",
+              description:
+                "Default platform.yaml, for an app this build registers. A registered app builds with its own config path; one sent that differs is 409 " +
+                "`config_path_mismatch` (change it with PATCH /api/apps/{app_name}).",
+            },
           },
           required: ["app_name", "repository"],
         },

@@ -11,7 +11,7 @@ import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
-import { registerApp, registrationHolder } from "./registration.ts";
+import { checkConfigPath, registerApp, registrationHolder } from "./registration.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 import { quarantinedAtRegistration, requirePreflightPassed } from "./preflight.ts";
 import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
@@ -64,13 +64,23 @@ function buildTarget(caller: Caller, input: TriggerInput): { group: string; bran
   return { group, branch: input.branch || "main", baseName: appNameFrom(input.appName) };
 }
 
-/** The rules a build of a registered app must pass: the same repository, and preflight (spec 3.3). */
+/**
+ * The rules a build of a registered app must pass: the same repository, the same config path
+ * when one is sent (it is changed with PATCH, which re-runs the preflight), and preflight (spec 3.3).
+ */
 function admitBuild(app: BuildableApp, input: TriggerInput): void {
   if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
     throw PlatformError.conflict({
       code: "repository_mismatch",
       message: `App '${app.appName}' (branch ${app.branch}) builds from ${app.repository}, not ${input.repository}.`,
       repository: app.repository,
+    });
+  }
+  if (input.configPath && checkConfigPath(input.configPath) !== app.configPath) {
+    throw PlatformError.conflict({
+      code: "config_path_mismatch",
+      message: `App '${app.appName}' (branch ${app.branch}) reads its config from ${app.configPath}; change it with PATCH /api/apps/${app.appName} (the preflight runs again).`,
+      config_path: app.configPath,
     });
   }
   if (!input.skipPreflight) requirePreflightPassed(app);

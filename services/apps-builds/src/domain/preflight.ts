@@ -57,7 +57,7 @@ export function requirePreflightPassed(app: Pick<App, "preflightStatus" | "appNa
   const remedy: Record<string, string> = {
     pending: "The repository check has not finished yet; try again in a moment.",
     no_access: "The platform cannot read the repository or branch: check the URL, the branch and access, then run preflight/recheck.",
-    needs_config: `Add ${app.configPath} to the repository (or save a config with PUT /api/apps/${app.appName}/config), then run preflight/recheck.`,
+    needs_config: `Add ${app.configPath} to the repository (or point config_path at the app's config file with PATCH /api/apps/${app.appName}), then run preflight/recheck.`,
     config_invalid: `Fix the errors in ${app.configPath} listed in preflight_result, then run preflight/recheck.`,
   };
   throw PlatformError.conflict({
