@@ -12,7 +12,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
-import { closeBody, refuseBody, refuseUrl } from "./domain/input-bounds.ts";
+import { closeBody, refuseBody, refuseUnparsed, refuseUrl } from "./domain/input-bounds.ts";
 import { registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
@@ -70,7 +70,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) => {
     if (body === "") return done(null, undefined);
     parseJson(request, body as string, (err, value) => {
-      if (err) return done(err);
+      if (err) return done(refuseUnparsed(body as string) ?? err);
       const refused = refuseBody(body as string, value);
       return refused ? done(refused) : done(null, value);
     });

@@ -235,6 +235,17 @@ describe("bad input", () => {
     expect((await call(api, "GET", "/logs?offset=2147483647", { credential: root })).status).toBe(200);
   });
 
+  it("refuses the keys __proto__ and constructor.prototype with 422 saying so, malformed JSON with 400", async () => {
+    const put = (body: string) =>
+      fetch(`${api}/vars/nothing`, { method: "PUT", headers: { authorization: `Bearer ${root}`, "content-type": "application/json" }, body });
+    for (const body of ['{"variables":{"__proto__":"a"}}', '{"variables":{"constructor":{"prototype":"a"}}}']) {
+      const r = await put(body);
+      expect(r.status, body).toBe(422);
+      expect(((await r.json()) as { detail: { code: string } }).detail.code).toBe("forbidden_key");
+    }
+    expect((await put('{"variables":')).status).toBe(400);
+  });
+
   it("refuses a number too large to represent with 422, not a server error", async () => {
     for (const [path, body] of [
       ["/apps", '{"app_name":"huge","repository":"https://example.com/a.git","deploy_config":{"x":1e400}}'],

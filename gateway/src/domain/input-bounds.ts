@@ -63,6 +63,20 @@ function holdsInfinity(value: unknown): boolean {
 /** A number literal that may overflow a double: an exponent of three digits or more, or 309 digits. */
 const HUGE_NUMBER = /[eE][+-]?\d{3}|\d{309}/;
 
+/**
+ * Why JSON the parser refused is refused, when it is valid JSON after all: it holds `__proto__`
+ * or `constructor.prototype` keys, which the gateway's parser never accepts (prototype
+ * poisoning). Null for text that is not JSON: that is the parser's own 400.
+ */
+export function refuseUnparsed(text: string): PlatformError | null {
+  try {
+    JSON.parse(text);
+  } catch {
+    return null;
+  }
+  return PlatformError.invalid({ code: "forbidden_key", message: "A body may not hold the keys __proto__ or constructor.prototype." });
+}
+
 /** The refusal of a parsed JSON body, given its text, or null. */
 export function refuseBody(text: string, value: unknown): PlatformError | null {
   if (nestingDepth(text) > MAX_BODY_DEPTH) return tooDeep();
