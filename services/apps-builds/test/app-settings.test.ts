@@ -477,6 +477,13 @@ describe("config layers", () => {
       expect(syntax.detail.errors[0]).toMatchObject({ line: expect.any(Number), column: expect.any(Number) });
       expect((await refusal(save({ config: invalid }))).detail.errors[0]).toMatchObject({ path: "services.web.replicas" });
       expect((await refusal(save({ config: omitted }))).detail.errors[0]).toMatchObject({ path: "services.web.health" });
+      // Several omissions: the message names each path once, not every path in every sentence.
+      const bare = repoConfig();
+      delete bare.services.web.health;
+      delete bare.services.web.replicas;
+      const many = (await refusal(save({ config: bare }))).detail;
+      expect(many.errors.map((e: { path: string }) => e.path).sort()).toEqual(["services.web.health", "services.web.replicas"]);
+      expect(many.message).toMatch(/^2 paths were refused \(services\.web\.\w+, services\.web\.\w+\): each is defined in the repository's config and was omitted/);
 
       const after = await row("web", "main");
       expect(after.overlay).toEqual(before.overlay);

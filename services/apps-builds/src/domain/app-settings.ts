@@ -57,14 +57,24 @@ export interface Problem {
 }
 
 /**
+ * Several problems in one sentence: when each message says the same thing of another path (every
+ * omitted repository field, say), the paths are listed once; otherwise the messages follow one another.
+ */
+function summary(problems: Problem[]): string {
+  const rests = new Set(problems.map((p) => (p.path !== undefined && p.message.startsWith(`${p.path} `) ? p.message.slice(p.path.length + 1) : null)));
+  const [rest] = rests;
+  if (rests.size === 1 && rest) return `${problems.length} paths were refused (${problems.map((p) => p.path).join(", ")}): each ${rest}`;
+  return `The request was refused for ${problems.length} reasons: ${problems.map((p) => p.message).join(" ")}`;
+}
+
+/**
  * The 422 of a refused body: `{code, message, errors}`. `code` is the problems' code when they
  * share one, else `fallback`; `message` is the problem's sentence, or a summary of several.
  */
 export function bodyRefusal(problems: Problem[], fallback: string): PlatformError {
   const codes = new Set(problems.map((p) => p.code));
   const code = codes.size === 1 ? problems[0]!.code : fallback;
-  const message =
-    problems.length === 1 ? problems[0]!.message : `The request was refused for ${problems.length} reasons: ${problems.map((p) => p.message).join(" ")}`;
+  const message = problems.length === 1 ? problems[0]!.message : summary(problems);
   return PlatformError.invalid({ code, message, errors: problems });
 }
 

@@ -518,11 +518,10 @@ export function saveConfig(
 
   const omitted = leaves(baseValue).filter((leaf) => getAt(submitted, leaf.segments) === undefined);
   if (omitted.length > 0) {
-    const all = omitted.map((leaf) => leaf.path).join(", ");
     return fail(
       omitted.map((leaf) => ({
         code: "omitted_repository_field",
-        message: `${leaf.path} is defined in the repository's config and was omitted; omission never unsets a repository field (omitted: ${all}).`,
+        message: `${leaf.path} is defined in the repository's config and was omitted; omission never unsets a repository field.`,
         path: leaf.path,
       })),
     );
