@@ -146,8 +146,16 @@ export function parseConfigYaml(text: string): YamlValueResult {
     throw err;
   }
 
-  const fromParser = (code: ConfigProblemCode, e: { message: string; linePos?: [{ line: number; col: number }] | [{ line: number; col: number }, { line: number; col: number }] }) =>
-    problem(code, firstLine(e.message), e.linePos ? { line: e.linePos[0].line, column: e.linePos[0].col } : undefined);
+  const fromParser = (
+    code: ConfigProblemCode,
+    e: { code: string; message: string; linePos?: [{ line: number; col: number }] | [{ line: number; col: number }, { line: number; col: number }] },
+  ) =>
+    problem(
+      code,
+      // The parser's own words for this one name its API (parseAllDocuments), not the config's rule.
+      e.code === "MULTIPLE_DOCS" ? "The config must be a single YAML document; this text holds several (separated by ---)." : firstLine(e.message),
+      e.linePos ? { line: e.linePos[0].line, column: e.linePos[0].col } : undefined,
+    );
 
   const exhausted = doc.errors.find((e) => e.code === "RESOURCE_EXHAUSTION");
   if (exhausted) {

@@ -196,6 +196,7 @@ describe("parseAppConfigYaml: YAML errors", () => {
 
   it("refuses several documents", () => {
     expect(errorsOf("a: 1\n---\nb: 2\n")[0]?.code).toBe("yaml_syntax");
+    expect(errorsOf("a: 1\n---\nb: 2\n")[0]?.message).toBe("The config must be a single YAML document; this text holds several (separated by ---).");
   });
 
   it("refuses an alias used before its anchor", () => {
