@@ -307,6 +307,9 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       schema: {
         tags: ["apps"],
         summary: "Re-run the repository preflight; the app is `pending` until an agent answers.",
+        description:
+          "GIT_PREFLIGHT is a fast agent RPC, never in the deploy lane: `preflight_action_id` identifies this request (an answer to an older " +
+          "one is ignored) but is not a row of GET /api/deployments/queue. Follow `preflight_status` and `preflight_result` on the app.",
         params: appName,
         querystring: branchQuery,
         response: {
