@@ -74,6 +74,12 @@ export function inGroup(caller: Caller, groupSlug: string): Caller {
   return create(CallerSchema, { ...caller, selectedGroup: groupSlug, explicitGroup: true });
 }
 
+/** Who did it, as records name the author (`created_by`, audit logs): `api_key:<id>`, `session:<id>`, or `system`. */
+export function actorOf(caller: Caller | null): string {
+  if (!caller) return "system";
+  return `${caller.kind}:${caller.principalId}`;
+}
+
 /** Operators see every group; others only those they belong to. */
 export function canSeeGroup(caller: Caller, slug: string): boolean {
   return caller.platformOperator || caller.visibleGroups.includes(slug);

@@ -1,13 +1,7 @@
 /** The audit log of apps-builds (the same shape as identity's). */
 import type { EntityManager } from "@platform/db";
-import type { Caller } from "@platform/caller";
 import { AuditEntry } from "../entities/variables.ts";
 
-/** Who did it, as the audit log records it. */
-export function actorOf(caller: Caller | null): string {
-  if (!caller) return "system";
-  return `${caller.kind}:${caller.principalId}`;
-}
 
 /** Adds an audit row to the transaction of `em`: it commits or rolls back with the change itself. */
 export function audit(

@@ -7,7 +7,7 @@ import { PlatformError } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { subjects } from "@platform/bus";
-import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
+import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
@@ -89,7 +89,7 @@ function admitBuild(app: BuildableApp, input: TriggerInput): void {
 /** The queued builds row (a fresh tag) and its build_requested event (spec 3.1). */
 export function acceptBuild(app: BuildableApp, caller: Caller, input: TriggerInput): AcceptedBuild {
   const autoDeploy = input.autoDeploy ?? true;
-  const createdBy = `${caller.kind}:${caller.principalId}`;
+  const createdBy = actorOf(caller);
   const id = randomUUID();
   const tag = newTag(app);
   const deployActionId = autoDeploy ? randomUUID() : null;

@@ -7,7 +7,7 @@
 import { randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
-import { canSeeGroup, type Caller } from "@platform/caller";
+import { actorOf, canSeeGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
 import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
@@ -89,13 +89,9 @@ export function checkCloneProvider(caller: Caller, provider: string | undefined)
   });
 }
 
-function actor(caller: Caller): string {
-  return `${caller.kind}:${caller.principalId}`;
-}
-
 /** Who holds a registration's lease on its group, as identity's lease table shows it. */
 export function registrationHolder(caller: Caller): string {
-  return `apps-builds registration by ${actor(caller)}`;
+  return `apps-builds registration by ${actorOf(caller)}`;
 }
 
 /** The group a registration writes in: the one named, else the one the caller acts in. */
@@ -205,7 +201,7 @@ export async function registerApp(
     overlay: {},
     seedFromReference: null,
     cloneData: null,
-    createdBy: actor(caller),
+    createdBy: actorOf(caller),
   });
   applySettings(app, settings);
   const siblingOf = async (branchName: string) => em.findOne(App, { appName, branch: branchName, groupSlug: group, id: { $ne: app.id } });

@@ -14,11 +14,11 @@
  */
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
-import type { Caller } from "@platform/caller";
+import { actorOf, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
 import { Variable, VariableSet } from "../entities/variables.ts";
 import { appBranches, appNotFound, findApp } from "./apps.ts";
-import { actorOf, audit } from "./audit.ts";
+import { audit } from "./audit.ts";
 
 /** The branch the variables routes act on when none is named (spec: "branch defaults to main"). */
 export const DEFAULT_VARIABLES_BRANCH = "main";

@@ -6,7 +6,7 @@
  * including a malformed or too-short id, is the same 404.
  */
 import { PlatformError } from "@platform/errors";
-import { hasScope, type Caller } from "@platform/caller";
+import { actorOf, hasScope, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { actionNotFound, canAct, findActionByPrefix, isIdPrefix } from "./lookup.ts";
 
@@ -46,7 +46,7 @@ export async function admitForce(em: EntityManager, caller: Caller, id: string, 
   const expiresAt = new Date(now.getTime() + ttl * 1000);
   action.admitForceUntil = expiresAt;
   action.admitForceReason = why;
-  action.admitForceBy = `${caller.kind}:${caller.principalId}`;
+  action.admitForceBy = actorOf(caller);
   action.admitForceUsed = false;
   return { actionId: action.id, expiresAt, ttlSeconds: ttl };
 }

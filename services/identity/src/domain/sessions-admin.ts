@@ -2,9 +2,9 @@
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
-import type { Caller } from "@platform/caller";
+import { actorOf, type Caller } from "@platform/caller";
 import { Session } from "../entities/index.ts";
-import { actorOf, audit } from "./audit.ts";
+import { audit } from "./audit.ts";
 import { sessionState, isSessionKind } from "./sessions.ts";
 
 function requireSessionCaller(caller: Caller): void {
