@@ -125,6 +125,9 @@ interface AdminReply {
   text: string;
 }
 
+/** How a request on a kept-alive connection to a restarted Caddy fails. */
+const STALE_CONNECTION = new Set(["UND_ERR_SOCKET", "ECONNRESET"]);
+
 function causeText(err: unknown): string {
   if (err instanceof Error && err.name === "TimeoutError") return `no answer within ${ADMIN_TIMEOUT_MS / 1000} s`;
   const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
@@ -237,9 +240,11 @@ export class CaddyRouter implements Router {
       });
       return { status: res.status, text: await res.text() };
     } catch (err) {
-      // A kept-alive connection to a Caddy that has since restarted is closed under the request
-      // before Caddy read it: one more try goes out on a new connection.
-      if (!retried && causeText(err) === "UND_ERR_SOCKET") return this.admin(method, path, body, true);
+      // A kept-alive connection to a Caddy that has since restarted is closed (or reset) under
+      // the request: one more try goes out on a new connection. Reads and whole-object writes
+      // repeat safely; a front door added twice is refused by Caddy (its @id is taken), and put
+      // replaces it by id when asked again.
+      if (!retried && STALE_CONNECTION.has(causeText(err))) return this.admin(method, path, body, true);
       throw new Error(`Caddy admin API at ${this.adminUrl} is not reachable (${causeText(err)})`, { cause: err });
     }
   }

@@ -322,6 +322,28 @@ describe("set-production", () => {
     ]);
   });
 
+  it("re-asserts the routes of the deployed branches, whose front doors swap", async () => {
+    await setRow("web", "staging", { deployStatus: "running", runningVersion: "staging-1" });
+    const before = reconciles.length;
+    await client.setProductionBranch({ caller: acme, appName: "web", branch: "main" });
+    // main is undeployed: only staging, which is served at web-staging from now on, is reconciled.
+    await expect.poll(() => reconciles.length, { timeout: 10_000 }).toBe(before + 1);
+    expect(reconciles.at(-1)?.data).toMatchObject({ app_name: "web", branch: "staging", group_slug: "acme", requested_by: expect.stringMatching(/^api_key:/) });
+    await client.setProductionBranch({ caller: acme, appName: "web", branch: "staging" });
+    await expect.poll(() => reconciles.length, { timeout: 10_000 }).toBe(before + 2);
+    await setRow("web", "staging", { deployStatus: "undeployed", runningVersion: null });
+  });
+
+  it("keeps a branch that may still serve: deleting it is 409 app_running until it is undeployed", async () => {
+    await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: "doomed" });
+    await setRow("web", "doomed", { deployStatus: "failed", runningVersion: "doomed-1" });
+    expect(await refusal(client.deleteApp({ caller: acme, appName: "web", branch: "doomed" }))).toMatchObject({ status: 409, detail: { code: "app_running", deploy_status: "failed" } });
+    await setRow("web", "doomed", { deployStatus: "undeploy_failed", runningVersion: null });
+    expect(await refusal(client.deleteApp({ caller: acme, appName: "web", branch: "doomed" }))).toMatchObject({ status: 409, detail: { code: "app_running" } });
+    await setRow("web", "doomed", { deployStatus: "failed", runningVersion: null });
+    await client.deleteApp({ caller: acme, appName: "web", branch: "doomed" });
+  });
+
   it("is a no-op for the branch that already is production", async () => {
     const before = await row("web", "staging");
     const r = await client.setProductionBranch({ caller: acme, appName: "web", branch: "staging" });

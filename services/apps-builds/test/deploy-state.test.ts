@@ -334,6 +334,20 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after).toMatchObject({ deployStatus: "failed", runningVersion: null, deployWarning: null, lastCrashOutput: null, lastDeployError: "image pull failed" });
   });
 
+  it("a failed redeploy of the running tag (a scale) warns too: the release already running still serves", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    const after = await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-1", error_message: "Service web exited during the health checks." });
+    expect(after).toMatchObject({ deployStatus: "failed", runningVersion: "main-1" });
+    expect(after.deployWarning).toMatch(/main-1 failed .*already running still serves/);
+  });
+
+  it("a newly queued deploy has no error yet: the previous deploy's error is not reported as its", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", error_message: "boom" });
+    const after = await apply(app, { action_type: "DEPLOY", status: "queued", image_tag: "main-3" });
+    expect(after).toMatchObject({ lastDeployStatus: "queued", lastDeployError: null });
+  });
+
   it("a failed deploy without an error message still reports one", async () => {
     const app = await registerApp();
     const after = await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-1" });

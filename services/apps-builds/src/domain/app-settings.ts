@@ -28,7 +28,7 @@ import { LockMode } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
-import type { Caller } from "@platform/caller";
+import { actorOf, type Caller } from "@platform/caller";
 import { checkAppConfig, checkConfigBounds, deriveFeatureFlags, renderAppConfigYaml, type AppConfig } from "@platform/app-config";
 import { App } from "../entities/index.ts";
 import { appBranches, appNotFound, findApp } from "./apps.ts";
@@ -272,6 +272,11 @@ export function readAppPatch(body: unknown, accepted: readonly PatchField[] = PA
   return patch;
 }
 
+/** A RECONCILE_ROUTING of the branch's live route, queued through the outbox in `em`'s transaction. */
+function requestReconcile(em: EntityManager, caller: Caller, app: App): void {
+  enqueueEvent(em, subjects.events.reconcileRequested, { app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, requested_by: actorOf(caller) });
+}
+
 /** The app row again, locked for this transaction and freshly read (no lost concurrent update). */
 export async function lockApp(em: EntityManager, app: App): Promise<App> {
   return em.findOneOrFail(App, { id: app.id }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true });
@@ -343,9 +348,7 @@ export async function updateApp(
   if (patch.visibility !== undefined && patch.visibility !== app.visibility) {
     app.visibility = patch.visibility;
     // The reconcile is queued through the outbox, in this transaction: it cannot be lost.
-    if (app.deployStatus !== "undeployed") {
-      enqueueEvent(em, subjects.events.reconcileRequested, { app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, requested_by: caller.principalId || caller.kind });
-    }
+    if (app.deployStatus !== "undeployed") requestReconcile(em, caller, app);
   }
   // force_remove_domains: accepted; no custom domain can be attached yet.
 
@@ -395,6 +398,11 @@ export async function setProductionBranch(em: EntityManager, caller: Caller, app
   }
   target.isProduction = true;
   await em.flush();
+  // The front doors swap (<app> and <app>-<branch label>): each deployed branch's route is
+  // re-asserted, queued through the outbox in this transaction.
+  for (const app of [previous, target]) {
+    if (app && app.deployStatus !== "undeployed") requestReconcile(em, caller, app);
+  }
   return { appName: target.appName, branch, previousProductionBranch: previous?.branch ?? null, changed: true };
 }
 

@@ -52,8 +52,14 @@ export async function deleteApp(em: EntityManager, caller: Caller, appName: stri
       branches: rows.map((a) => a.branch),
     });
   }
-  if (target.deployStatus === "running" || target.deployStatus === "deploying") {
-    throw PlatformError.conflict({ code: "app_running", message: `Undeploy branch '${target.branch}' of '${appName}' before deleting it.` });
+  // Anything that may still serve or be in flight keeps the registration: deleted, it would leave
+  // a route and replicas that no route of the API could reach any more.
+  if (target.runningVersion || !["undeployed", "failed"].includes(target.deployStatus)) {
+    throw PlatformError.conflict({
+      code: "app_running",
+      message: `Branch '${target.branch}' of '${appName}' is ${target.deployStatus}${target.runningVersion ? ` and ${target.runningVersion} still serves` : ""}; undeploy it before deleting it.`,
+      deploy_status: target.deployStatus,
+    });
   }
   if (target.isProduction && rows.length > 1) {
     throw PlatformError.conflict({

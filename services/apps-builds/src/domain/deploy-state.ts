@@ -63,6 +63,8 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
   if (u.status !== "failed" || undeploy) app.lastCrashOutput = null;
   switch (u.status) {
     case "queued":
+      // The latest deploy action has no error yet; the previous one's is history.
+      app.lastDeployError = null;
       return app;
     case "in_progress":
       app.deployStatus = undeploy ? "undeploying" : "deploying";
@@ -108,10 +110,12 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
       }
       app.deployStatus = "failed";
       app.lastCrashOutput = crashOutput(u.result);
-      app.deployWarning =
-        app.runningVersion && app.runningVersion !== u.image_tag
+      // A redeploy of the running tag (a scale, say) that fails leaves the running release serving too.
+      app.deployWarning = !app.runningVersion
+        ? null
+        : app.runningVersion !== u.image_tag
           ? `The deploy of ${u.image_tag ?? "a new version"} failed (${error}); ${app.runningVersion} still serves.`
-          : null;
+          : `A new deploy of ${u.image_tag} failed (${error}); the release that was already running still serves.`;
       return app;
     }
     case "cancelled":

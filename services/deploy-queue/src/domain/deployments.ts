@@ -10,7 +10,7 @@
 import { randomUUID } from "node:crypto";
 import type { EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
-import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
+import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { Action, HistoryRecord } from "../entities/index.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES } from "./history.ts";
@@ -95,7 +95,7 @@ export async function queueDeployment(
       placement_plan: input.placementPlan,
       reason: input.reason,
     },
-    createdBy: caller.principalId || caller.kind,
+    createdBy: actorOf(caller),
     createdAt: now,
     updatedAt: now,
   });
@@ -190,9 +190,16 @@ export async function branchBuildTags(em: EntityManager, target: { groupSlug: st
 export async function retryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
   const latest = await em.findOne(
     Action,
-    { groupSlug, appName, branch, actionType: { $in: ["DEPLOY", "RETRY"] } },
+    { groupSlug, appName, branch, actionType: { $in: ["DEPLOY", "RETRY", "UNDEPLOY"] } },
     { orderBy: { createdAt: "desc", id: "desc" } },
   );
+  // An undeploy since the failed deploy was the last word: a retry would bring the branch back.
+  if (latest?.actionType === "UNDEPLOY") {
+    throw PlatformError.conflict({
+      code: "nothing_to_retry",
+      message: `'${appName}' (branch ${branch}) was undeployed after its last deploy: there is nothing to retry; deploy it again instead.`,
+    });
+  }
   if (!latest || latest.status !== "failed") {
     throw PlatformError.conflict({
       code: "nothing_to_retry",
@@ -206,7 +213,7 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
 
 export async function queueAppAction(em: EntityManager, caller: Caller, input: AppActionInput, now: Date, dispatched?: Dispatched[]): Promise<Action> {
   if (!canAct(caller, input.groupSlug)) throw PlatformError.notFound(`App '${input.appName}' not found`);
-  return createAppAction(em, input, caller.principalId || caller.kind, now, dispatched);
+  return createAppAction(em, input, actorOf(caller), now, dispatched);
 }
 
 /** Queues an app action on behalf of `createdBy` (a caller checked upstream, or the platform itself). */

@@ -1,0 +1,69 @@
+/**
+ * What a retry re-runs (spec doc 1 section 4.4, POST /api/apps/{app}/retry) against a real
+ * Postgres: the branch's latest deployment, which must have failed; an undeploy since then is the
+ * last word, so a retry would not bring the branch back.
+ */
+import { randomUUID } from "node:crypto";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { serviceSchema } from "@platform/config";
+import { openDatabase, type EntityManager, type MikroORM } from "@platform/db";
+import { createTestDatabase, dropDatabase } from "@platform/testing";
+import { Action, entities } from "../src/entities/index.ts";
+import { migrations } from "../src/migrations/0001_queue.ts";
+import { deploymentMigrations } from "../src/migrations/0002_deployments.ts";
+import { retryTarget } from "../src/domain/deployments.ts";
+
+let databaseUrl: string;
+let orm: MikroORM;
+
+beforeAll(async () => {
+  databaseUrl = await createTestDatabase();
+  orm = await openDatabase({ url: databaseUrl, schema: serviceSchema("deploy-queue"), entities, migrations: [...migrations, ...deploymentMigrations], poolMax: 2 });
+});
+
+afterAll(async () => {
+  await orm?.close(true);
+  if (databaseUrl) await dropDatabase(databaseUrl);
+});
+
+const write = <T>(fn: (em: EntityManager) => Promise<T>) => orm.em.fork().transactional(fn);
+
+async function action(appName: string, actionType: string, status: string, minutesAgo: number): Promise<Action> {
+  return write(async (em) =>
+    em.create(Action, {
+      id: randomUUID(),
+      groupSlug: "acme",
+      appName,
+      branch: "main",
+      actionType,
+      status,
+      imageTag: "main-1",
+      deployWarnings: [],
+      payload: {},
+      createdBy: "api_key:k",
+      createdAt: new Date(Date.now() - minutesAgo * 60_000),
+    }),
+  );
+}
+
+const target = (appName: string) => write((em) => retryTarget(em, "acme", appName, "main"));
+
+describe("retryTarget", () => {
+  it("is the latest deployment when it failed", async () => {
+    await action("shop", "DEPLOY", "completed", 10);
+    const failed = await action("shop", "DEPLOY", "failed", 5);
+    expect((await target("shop")).id).toBe(failed.id);
+  });
+
+  it("refuses nothing_to_retry when the branch was undeployed after its failed deploy", async () => {
+    await action("cart", "DEPLOY", "failed", 10);
+    await action("cart", "UNDEPLOY", "completed", 5);
+    await expect(target("cart")).rejects.toMatchObject({ status: 409, detail: { code: "nothing_to_retry", message: expect.stringContaining("undeployed") } });
+  });
+
+  it("refuses nothing_to_retry when the latest deployment did not fail", async () => {
+    await action("blog", "DEPLOY", "failed", 10);
+    await action("blog", "RETRY", "completed", 5);
+    await expect(target("blog")).rejects.toMatchObject({ status: 409, detail: { code: "nothing_to_retry" } });
+  });
+});
