@@ -13,7 +13,7 @@ import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@pl
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
 import { closeBody, refuseBody, refuseUnparsed, refuseUrl } from "./domain/input-bounds.ts";
-import { registerErrorHandling } from "./errors.ts";
+import { clientErrorHandler, registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
 import { appSettingsRoutes } from "./routes/app-settings.ts";
@@ -56,6 +56,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     childLoggerFactory: (parent) => parent,
     // A URL that cannot be decoded is refused before routing, where the error handler is not asked.
     frameworkErrors: (err, _request, reply: FastifyReply) => void reply.code(400).send({ detail: `Malformed request: ${err.message}` }),
+    clientErrorHandler,
   });
   const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
   const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL);

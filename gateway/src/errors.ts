@@ -2,6 +2,8 @@
  * The one HTTP mapping of errors: every failure leaves as `{detail}` (spec doc 1 section 7).
  * 5xx bodies never carry internals; the log does.
  */
+import { STATUS_CODES } from "node:http";
+import type { Socket } from "node:net";
 import type { FastifyError, FastifyInstance } from "fastify";
 import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
@@ -15,6 +17,24 @@ function validationMessage(err: FastifyError): string {
   if (first.keyword === "additionalProperties") return `${where}.${String(params.additionalProperty)} is not allowed.`;
   if (first.keyword === "enum") return `${where} must be one of ${(params.allowedValues as unknown[]).join(", ")}.`;
   return `${where} ${first.message ?? "is invalid"}.`;
+}
+
+/**
+ * A request Node's HTTP parser refuses before Fastify sees it (a URL or headers past its limit,
+ * a malformed request line) is still answered in the `{detail}` shape, then the connection closes.
+ */
+export function clientErrorHandler(err: NodeJS.ErrnoException, socket: Socket): void {
+  if (err.code === "ECONNRESET" || socket.destroyed || !socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const status = err.code === "HPE_HEADER_OVERFLOW" ? 431 : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
+  const detail =
+    status === 431 ? "The request's URL or headers are too large." : status === 408 ? "The request took too long to arrive." : "Malformed HTTP request.";
+  const body = JSON.stringify({ detail });
+  socket.end(
+    `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+  );
 }
 
 export function registerErrorHandling(app: FastifyInstance): void {

@@ -246,6 +246,12 @@ describe("bad input", () => {
     expect((await put('{"variables":')).status).toBe(400);
   });
 
+  it("answers a URL too large for the HTTP parser with 431 {detail}", async () => {
+    const r = await fetch(`${api}/apps/${"x".repeat(20_000)}`, { headers: { authorization: `Bearer ${root}` } });
+    expect(r.status).toBe(431);
+    expect(await r.json()).toEqual({ detail: expect.stringContaining("too large") });
+  });
+
   it("refuses a number too large to represent with 422, not a server error", async () => {
     for (const [path, body] of [
       ["/apps", '{"app_name":"huge","repository":"https://example.com/a.git","deploy_config":{"x":1e400}}'],

@@ -362,6 +362,9 @@ describe("scale, primary services and visibility", () => {
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
     const queue = await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true`, { credential: acme });
     expect(queue.body.filter((a: any) => a.action_type === "RECONCILE_ROUTING").length).toBeGreaterThanOrEqual(2);
+    // Asked for by hand, a reconcile is an action, not a deployment.
+    const reconcile = await call(api, "POST", `/apps/${APP}/reconcile`, { credential: acme });
+    expect(reconcile).toMatchObject({ status: 202, body: { action_id: expect.any(String), deployment_id: null } });
   });
 });
 

@@ -29,7 +29,10 @@ const queuedAction = {
   type: "object",
   properties: {
     action_id: { type: "string" },
-    deployment_id: { ...nullable, description: "The deploy's id; null for a rebuild (its deploy is queued with the build: see the queue's depends_on)." },
+    deployment_id: {
+      ...nullable,
+      description: "The deploy's id; null for a rebuild (its deploy is queued with the build: see the queue's depends_on) and for a route reconcile (no deployment).",
+    },
     app_name: { type: "string" },
     branch: { type: "string" },
     image_tag: nullable,
@@ -105,7 +108,9 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         const { app_name } = request.params as { app_name: string };
         const { branch } = request.query as { branch?: string };
         const r = await queue.queueAppAction({ caller: callerOf(request), appName: app_name, branch: branch ?? "", actionType: type });
-        return reply.code(202).send({ action_id: r.actionIds[0], deployment_id: r.actionIds[0], app_name: r.appName, branch: r.branch, image_tag: orNull(r.imageTag), status: r.status });
+        // A retry is a deployment (GET /api/deployments/{id}); a route reconcile is not.
+        const deploymentId = type === "RETRY" ? r.actionIds[0] : null;
+        return reply.code(202).send({ action_id: r.actionIds[0], deployment_id: deploymentId, app_name: r.appName, branch: r.branch, image_tag: orNull(r.imageTag), status: r.status });
       },
     );
   simple(
