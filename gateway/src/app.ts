@@ -48,7 +48,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     logController: new LogController({ disableRequestLogging: true }),
     bodyLimit: config.BODY_LIMIT_BYTES,
     trustProxy: true,
-    // A field a route does not know is refused (422), not silently dropped (see closedBodies).
+    // A field a route does not know is refused (422), not silently dropped (see closeBody).
     ajv: { customOptions: { removeAdditional: false } },
     routerOptions: { ignoreTrailingSlash: true },
     // Every line already carries the request's trace and span ids (the logger's mixin); a child

@@ -2,7 +2,7 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ListValueSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
-import type { App, AppsBuildsService } from "@platform/proto";
+import { REGISTRATION_SETTINGS, type App, type AppsBuildsService } from "@platform/proto";
 import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
@@ -60,9 +60,6 @@ export function appJson(a: App, single: boolean) {
     last_build_error: orNull(a.lastBuildError),
   };
 }
-
-/** The deploy settings a registration carries to apps-builds as sent (RegisterAppRequest.settings). */
-const REGISTRATION_SETTINGS = ["deploy_config", "services", "containers", "database_enabled", "cache_enabled", "email_enabled"] as const;
 
 const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
 const branchQuery = {

@@ -3,6 +3,7 @@ import type { Client } from "@connectrpc/connect";
 import type { Action, AppsBuildsService, Build, DeployQueueService, HealthAggregatorService } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
+import { spansEveryGroup } from "@platform/caller";
 import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isRunning } from "../domain/build-log.ts";
 import { callerOf } from "../access.ts";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
@@ -240,7 +241,7 @@ export function buildRoutes(
           throw missing();
         }
         // Only a BUILD stands in for a build, and only where the builds row was looked for.
-        const searched = (caller.platformOperator && !caller.explicitGroup) || action.groupSlug === caller.selectedGroup;
+        const searched = spansEveryGroup(caller) || action.groupSlug === caller.selectedGroup;
         if (action.actionType !== "BUILD" || !searched) throw missing();
         return fromQueue(action);
       }

@@ -156,9 +156,6 @@ type PatchField = (typeof PATCH_FIELDS)[number];
 const DISPLAY_NAME_MAX = 200;
 const DESCRIPTION_MAX = 2000;
 
-/** The settings a registration may carry too (register body, spec 4.4), read by the same rules. */
-export const REGISTRATION_SETTINGS = ["deploy_config", "services", "containers", "database_enabled", "cache_enabled", "email_enabled"] as const;
-
 /**
  * Reads a PATCH body, or the settings of a registration (`accepted`: REGISTRATION_SETTINGS);
  * throws the 422 listing every problem it has.

@@ -12,7 +12,8 @@ import { App } from "../entities/index.ts";
 import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
-import { applySettings, parseSeedReference, readAppPatch, REGISTRATION_SETTINGS, SEED_REFERENCE_MAX } from "./app-settings.ts";
+import { REGISTRATION_SETTINGS } from "@platform/proto";
+import { applySettings, parseSeedReference, readAppPatch, SEED_REFERENCE_MAX } from "./app-settings.ts";
 import { copyVarsForRegistration } from "./variables.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 

@@ -141,7 +141,7 @@ export type GroupScope = { kind: "all" } | { kind: "group"; slug: string } | { k
  * explicitly. Platform lines (no group) are for operators only.
  */
 export function groupScope(caller: Caller): GroupScope {
-  if (caller.platformOperator) return !spansEveryGroup(caller) && caller.selectedGroup ? { kind: "group", slug: caller.selectedGroup } : { kind: "all" };
+  if (caller.platformOperator) return spansEveryGroup(caller) || !caller.selectedGroup ? { kind: "all" } : { kind: "group", slug: caller.selectedGroup };
   if (caller.selectedGroup && caller.visibleGroups.includes(caller.selectedGroup)) return { kind: "group", slug: caller.selectedGroup };
   return { kind: "none" };
 }
