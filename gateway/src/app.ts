@@ -12,7 +12,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, HealthAggregatorService, IdentityService } from "@platform/proto";
 import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
-import { closeBody, refuseBody, refuseUnparsed, refuseUrl } from "./domain/input-bounds.ts";
+import { closeBody, refuseBody, refuseUnparsed, refuseUrl, typedBodyValidator } from "./domain/input-bounds.ts";
 import { clientErrorHandler, registerErrorHandling } from "./errors.ts";
 import { sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
@@ -50,6 +50,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     trustProxy: true,
     // A field a route does not know is refused (422), not silently dropped (see closeBody).
     ajv: { customOptions: { removeAdditional: false } },
+    schemaController: { compilersFactory: { buildValidator: typedBodyValidator() } },
     routerOptions: { ignoreTrailingSlash: true },
     // Every line already carries the request's trace and span ids (the logger's mixin); a child
     // logger per request would only add a request id, at a cost on every request.

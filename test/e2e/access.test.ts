@@ -275,6 +275,18 @@ describe("bad input", () => {
     expect(build.status).toBe(422);
     expect(build.body.detail.message).toMatch(/brnach is not allowed/);
   });
+
+  it("takes a JSON body's values as sent: a string is not read as the boolean or number it spells", async () => {
+    const body = { app_name: "nothing", repository: "https://example.com/a.git" };
+    const flag = await call(api, "POST", "/builds", { credential: root, body: { ...body, auto_deploy: "false" } });
+    expect(flag).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
+    expect(flag.body.detail.message).toMatch(/auto_deploy must be boolean/);
+    const name = await call(api, "POST", "/builds", { credential: root, body: { ...body, app_name: 7 } });
+    expect(name.status).toBe(422);
+    expect(name.body.detail.message).toMatch(/app_name must be string/);
+    // The query string is text, read as its parameter's type.
+    expect((await call(api, "GET", "/builds?limit=5", { credential: root })).status).toBe(200);
+  });
 });
 
 describe("groups and keys", () => {

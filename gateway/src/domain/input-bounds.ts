@@ -2,9 +2,10 @@
  * Input no route may take, refused before any service sees it: a NUL character anywhere (no text
  * the platform stores may hold one: Postgres text cannot), a body nested past what can travel to
  * a service as a protobuf value, a number JSON parses to infinity (no protobuf value holds one),
- * and a body field its route does not declare.
+ * a body field its route does not declare, and a body value of another type than its field's.
  */
-import type { RouteOptions } from "fastify";
+import { AjvCompiler, type ValidatorFactory } from "@fastify/ajv-compiler";
+import type { FastifySchemaCompiler, RouteOptions } from "fastify";
 import { PlatformError } from "@platform/errors";
 
 const NUL_MESSAGE = "Input may not contain a NUL character (\\u0000).";
@@ -100,3 +101,21 @@ export function closeBody(route: RouteOptions): void {
   const types = Array.isArray(body.type) ? body.type : [body.type];
   if (types.includes("object")) body.additionalProperties = false;
 }
+
+/**
+ * The schema compiler of every route. A query string or path parameter is text, so it is coerced
+ * to its schema's type (`?limit=5` is the number 5); a JSON body arrives typed, and is taken as
+ * sent: coercing it would read `"false"` as false, `"2"` as 2 and `"A"` as `["A"]`.
+ */
+export function typedBodyValidator(): ValidatorFactory {
+  // The pool's typings name ajv's own compile function; Fastify calls it with a route's schema.
+  const pool = AjvCompiler() as unknown as (externalSchemas: unknown, options: AjvPoolOptions) => FastifySchemaCompiler<unknown>;
+  const factory = (externalSchemas: unknown, options: AjvPoolOptions = {}): FastifySchemaCompiler<unknown> => {
+    const coercing = pool(externalSchemas, options);
+    const asSent = pool(externalSchemas, { ...options, customOptions: { ...options.customOptions, coerceTypes: false } });
+    return (route) => (route.httpPart === "body" ? asSent : coercing)(route);
+  };
+  return factory as unknown as ValidatorFactory;
+}
+
+type AjvPoolOptions = { customOptions?: Record<string, unknown>; plugins?: unknown[] };
