@@ -85,15 +85,19 @@ export async function removePartialImages(imageDir: string): Promise<number> {
   return removed;
 }
 
-/** Runs a command through `sh -c` in its own process group, streaming lines; killed at the deadline. */
+/**
+ * Runs a command (a shell line through `sh -c`, or an argv run as is) in its own process group,
+ * streaming lines; killed at the deadline.
+ */
 function runCommand(
-  command: string,
+  command: string | string[],
   opts: { cwd: string; env: NodeJS.ProcessEnv; deadline: number; onLine: (line: string, stream: "stdout" | "stderr") => void },
 ): Promise<{ code: number | null; timedOut: boolean }> {
   const remaining = opts.deadline - Date.now();
   if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
   return new Promise((resolve, reject) => {
-    const child = spawn("sh", ["-c", command], { cwd: opts.cwd, env: opts.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const [file, ...args] = typeof command === "string" ? ["sh", "-c", command] : command;
+    const child = spawn(file!, args, { cwd: opts.cwd, env: opts.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
@@ -151,10 +155,13 @@ function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
  * Moves the built tree (what the image holds: everything but .git) to where a deploy on this
  * host looks for the release. Best effort: a deploy that does not find it unpacks the image.
  */
-async function keepRelease(src: string, dir: string): Promise<void> {
+async function keepRelease(src: string, dir: string, workspace: string): Promise<void> {
   if (await stat(dir).catch(() => null)) return;
   try {
-    await rm(path.join(src, ".git"), { recursive: true, force: true });
+    // Moved aside, not deleted: the workspace is removed after the build has answered.
+    await rename(path.join(src, ".git"), path.join(workspace, "git")).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== "ENOENT") throw err;
+    });
     await mkdir(path.dirname(dir), { recursive: true });
     await rename(src, dir);
   } catch {
@@ -256,7 +263,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     // Written beside, then renamed into place: an archive cut short (a timeout, a full disk, the
     // agent stopped) is never taken for the image by a later deploy on this host.
     const partial = `${image}.${process.pid}.partial`;
-    const tar = await runCommand(`tar --exclude=./.git -czf ${JSON.stringify(partial)} -C ${JSON.stringify(src)} .`, {
+    const tar = await runCommand(["tar", "--exclude=./.git", "-czf", partial, "-C", src, "."], {
       cwd: workspace,
       env: { PATH: process.env.PATH },
       deadline,
@@ -280,7 +287,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
         throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
       })
       .finally(() => clearTimeout(timer));
-    if (job.auto_deploy && deps.releaseDir) await keepRelease(src, deps.releaseDir(job));
+    if (job.auto_deploy && deps.releaseDir) await keepRelease(src, deps.releaseDir(job), workspace);
     result.images = [`agent://${deps.hostId}/${job.app_name}:${job.tag}`];
     emit("info", `Image ${job.app_name}:${job.tag} published to the fleet's image store`);
     return finish("completed", "");
