@@ -457,6 +457,57 @@ export function subscribe(bus: Bus, subject: string, handle: (data: EventEnvelop
   return sub;
 }
 
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Ids that travel in events (builds, actions, deployments) are uuids. */
+export function isUuid(id: unknown): id is string {
+  return typeof id === "string" && UUID.test(id);
+}
+
+/** apps-builds' `build_requested` (POST /api/builds), as deploy-queue turns it into actions. */
+export interface BuildRequested {
+  build_id: string;
+  deploy_action_id: string | null;
+  app_name: string;
+  branch: string;
+  group_slug: string;
+  tag: string;
+  repository: string;
+  config_path: string;
+  auto_deploy: boolean;
+  created_by: string;
+  commit_message?: string | null;
+  commit_author?: string | null;
+}
+
+function requireText(data: Record<string, unknown>, key: string): string {
+  const v = data[key];
+  if (typeof v !== "string" || v === "") throw new Error(`build_requested event without ${key}`);
+  return v;
+}
+
+/** Checks the shape of the event; a malformed event is a bug upstream and fails loudly. */
+export function parseBuildRequested(data: Record<string, unknown>): BuildRequested {
+  if (!isUuid(data.build_id)) throw new Error("build_requested event without a uuid build_id");
+  const deployId = data.deploy_action_id ?? null;
+  if (deployId !== null && !isUuid(deployId)) throw new Error("build_requested event with a malformed deploy_action_id");
+  const optional = (k: string) => (typeof data[k] === "string" && data[k] !== "" ? (data[k] as string) : null);
+  return {
+    build_id: data.build_id,
+    deploy_action_id: deployId,
+    app_name: requireText(data, "app_name"),
+    branch: requireText(data, "branch"),
+    group_slug: requireText(data, "group_slug"),
+    tag: requireText(data, "tag"),
+    repository: requireText(data, "repository"),
+    config_path: typeof data.config_path === "string" && data.config_path ? data.config_path : "platform.yaml",
+    auto_deploy: data.auto_deploy === true,
+    created_by: typeof data.created_by === "string" ? data.created_by : "system",
+    commit_message: optional("commit_message"),
+    commit_author: optional("commit_author"),
+  };
+}
+
 /** identity's `group_renamed`, as the services, gateways and agents that keep group slugs read it. */
 export interface GroupRenamed {
   group_id: string;

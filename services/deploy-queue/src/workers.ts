@@ -4,11 +4,11 @@
  * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
  * of silent agents, pruning of terminal rows).
  */
-import { handleBatchOnce, receivedEvents, runBatchConsumer, subjects, traceHeaders, type EventEnvelope, type RunningConsumer } from "@platform/bus";
+import { handleBatchOnce, parseBuildRequested, receivedEvents, runBatchConsumer, subjects, traceHeaders, type BuildRequested, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import { sqlPool, type EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
-import { acceptBuildRequests, parseBuildRequested, type BuildRequested } from "./domain/intake.ts";
+import { acceptBuildRequests } from "./domain/intake.ts";
 import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
 import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 import { failOrphanedActions } from "./domain/orphans.ts";

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { admitForceAvailable, checkAdmission, type AdmissionInput } from "../src/domain/admission.ts";
 import { clampTtl } from "../src/domain/admit-force.ts";
 import { isLive, validHostId } from "../src/domain/agents.ts";
-import { isUuid, parseBuildRequested } from "../src/domain/intake.ts";
+import { isUuid, parseBuildRequested } from "@platform/bus";
 import { isTerminal, queueStatus } from "../src/domain/lifecycle.ts";
 import { checkActionIdPrefix } from "../src/domain/lookup.ts";
 import { choosePlacement, workSubject } from "../src/domain/placement.ts";

@@ -6,7 +6,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
-import { subjects } from "@platform/bus";
+import { subjects, type BuildRequested } from "@platform/bus";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
@@ -23,19 +23,6 @@ export interface TriggerInput {
   autoDeploy?: boolean;
   configPath?: string;
   skipPreflight?: boolean;
-}
-
-export interface BuildRequested {
-  build_id: string;
-  deploy_action_id: string | null;
-  app_name: string;
-  branch: string;
-  group_slug: string;
-  tag: string;
-  repository: string;
-  config_path: string;
-  auto_deploy: boolean;
-  created_by: string;
 }
 
 /** `{branch}-{hash}`: the branch's hostname label and a short random hex, unique per app. */

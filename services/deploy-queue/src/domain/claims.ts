@@ -6,6 +6,7 @@
  * ignored.
  */
 import { LockMode } from "@mikro-orm/core";
+import { isUuid } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
@@ -13,7 +14,6 @@ import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission
 import { validHostId } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
-import { isUuid } from "./intake.ts";
 import { COMPLETION_STATUSES, isCompletionStatus, isTerminal } from "./lifecycle.ts";
 import { isPastPointOfNoReturn, marksSwapCommit } from "./point-of-no-return.ts";
 
