@@ -27,7 +27,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { freePort, startTestFleet, type TestFleet } from "@platform/testing";
 import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
-import type { Verdict } from "./lib.ts";
+import { call, waitFor, type Verdict } from "./lib.ts";
 
 const RUNS = Number(process.env.BENCH_DEPLOY_RUNS ?? 3);
 const TARGET = 1.5;
@@ -75,32 +75,6 @@ async function firstOk(port: number, marker: string, host: string | undefined, c
       await check();
     }
     await sleep(POLL_MS);
-  }
-}
-
-async function call<T = any>(fleet: TestFleet, key: string, method: string, urlPath: string, body?: unknown): Promise<{ status: number; body: T }> {
-  const res = await fetch(`${fleet.api}${urlPath}`, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
-    body: body !== undefined ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : text;
-  } catch {
-    // Not JSON: keep the text.
-  }
-  return { status: res.status, body: parsed as T };
-}
-
-async function waitFor<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs = 120_000, what = "a condition"): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await read();
-    if (done(v)) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}; last value ${JSON.stringify(v)}`);
-    await sleep(250);
   }
 }
 

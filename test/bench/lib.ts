@@ -3,6 +3,9 @@
  * report line each benchmark prints (its figure against a baseline measured in the same run).
  */
 import autocannon from "autocannon";
+import type { TestFleet } from "@platform/testing";
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 export interface LoadResult {
   requestsPerSecond: number;
@@ -48,4 +51,32 @@ export function report(name: string, subject: LoadResult, baseline: LoadResult, 
       (subject.errors || subject.non2xx ? ` [errors ${subject.errors}, non-2xx ${subject.non2xx}]` : ""),
   );
   return { name, ok };
+}
+
+/** One API call with an API key; the body parsed as JSON when it is JSON. */
+export async function call<T = any>(fleet: TestFleet, key: string, method: string, urlPath: string, body?: unknown): Promise<{ status: number; body: T }> {
+  const res = await fetch(`${fleet.api}${urlPath}`, {
+    method,
+    headers: { authorization: `Bearer ${key}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
+    body: body !== undefined ? JSON.stringify(body) : undefined,
+  });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = text ? JSON.parse(text) : text;
+  } catch {
+    // Not JSON: keep the text.
+  }
+  return { status: res.status, body: parsed as T };
+}
+
+/** Reads until `done` holds, every 250 ms; past the timeout it throws with the last value read. */
+export async function waitFor<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs = 120_000, what = "a condition"): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await read();
+    if (done(v)) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}; last value ${JSON.stringify(v)}`);
+    await sleep(250);
+  }
 }

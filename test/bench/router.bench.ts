@@ -13,40 +13,12 @@
  */
 import { startTestFleet, type TestFleet } from "@platform/testing";
 import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
-import { load, report, warm, type LoadResult, type Verdict } from "./lib.ts";
+import { call, load, report, waitFor, warm, type LoadResult, type Verdict } from "./lib.ts";
 
 const APP = "node-web";
 const TARGET = 0.6;
 const CONNECTIONS = 32;
 const ROUNDS = 2;
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function call<T = any>(fleet: TestFleet, key: string, method: string, urlPath: string, body?: unknown): Promise<{ status: number; body: T }> {
-  const res = await fetch(`${fleet.api}${urlPath}`, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
-    body: body !== undefined ? JSON.stringify(body) : undefined,
-  });
-  const text = await res.text();
-  let parsed: unknown = text;
-  try {
-    parsed = text ? JSON.parse(text) : text;
-  } catch {
-    // Not JSON: keep the text.
-  }
-  return { status: res.status, body: parsed as T };
-}
-
-async function waitFor<T>(read: () => Promise<T>, done: (v: T) => boolean, timeoutMs: number, what: string): Promise<T> {
-  const until = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await read();
-    if (done(v)) return v;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}; last value ${JSON.stringify(v)}`);
-    await sleep(250);
-  }
-}
 
 interface CaddyRoute {
   "@id"?: string;
