@@ -19,6 +19,7 @@ import { DockerDriver } from "./runtime/docker.ts";
 import { ProcessDriver } from "./runtime/process.ts";
 import type { RuntimeDriver } from "./runtime/types.ts";
 import { Supervisor } from "./supervisor.ts";
+import { untilAnswered } from "./until-answered.ts";
 
 export interface RuntimeHostOptions {
   hostId: string;
@@ -42,6 +43,8 @@ export interface RuntimeHostOptions {
 const ROUTER_CHECK_MS = 5_000;
 const DRAIN_MS = 2_000;
 const STOP_GRACE_MS = 10_000;
+/** How long a deploy keeps asking apps-builds for its release while it is out of reach (a restart, say). */
+const RESOLVE_PATIENCE_MS = 30_000;
 
 export interface RuntimeHost {
   deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
@@ -126,7 +129,9 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     stopGraceMs: STOP_GRACE_MS,
   };
   const resolve = async (job: DeployJob) => {
-    const r = await o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" });
+    const r = await untilAnswered(() => o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" }), {
+      forMs: RESOLVE_PATIENCE_MS,
+    });
     return { imageTag: r.imageTag, config: JSON.parse(r.configJson) as Record<string, unknown>, env: r.env, hosts: r.hosts };
   };
   const deployer = (bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }) => new Deployer({ ...deps, resolve, ...bind });

@@ -8,10 +8,10 @@
 import type { Client } from "@connectrpc/connect";
 import { runConsumer, subjects, type Bus, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
 import type { Logger } from "@platform/logger";
-import { platformErrorOf } from "@platform/rpc";
 import type { Action as ActionMsg, DeployQueueService } from "@platform/proto";
 import { runBuild, type BuildDeps, type BuildJob, type LogLevel } from "./builder.ts";
 import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
+import { failureStatus, untilAnswered } from "./until-answered.ts";
 
 /** Action types this agent runs; others wait in the queue for an agent that does. */
 export const SUPPORTED_ACTIONS = new Set(["BUILD", "DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_ACTION", "RECONCILE_ROUTING"]);
@@ -19,10 +19,9 @@ const UNSUPPORTED_RETRY_MS = 60_000;
 const ADMISSION_RETRY_MS = 2_000;
 /** JetStream's redelivery window; long builds tell it they are still working. */
 const ACK_WAIT_MS = 60_000;
-const COMPLETE_RETRY_FIRST_MS = 250;
-const COMPLETE_RETRY_MAX_MS = 15_000;
+/** How long a phase report is tried again while the queue is out of reach (a restart, say). */
+const PHASE_REPORT_PATIENCE_MS = 30_000;
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
 export interface WorkLog {
@@ -106,20 +105,14 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
    * action is no longer this host's) or the agent stopping ends the attempts.
    */
   const complete = async (actionId: string, req: Parameters<typeof queue.completeAction>[0]) => {
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await queue.completeAction(req);
-        return;
-      } catch (err) {
-        const status = platformErrorOf(err)?.status ?? 503;
-        if (status < 500) {
-          logger.warn({ err, action_id: actionId }, "the queue refused the action's completion");
-          return;
-        }
-        if (stopping) throw err;
-        logger.warn({ err, action_id: actionId, attempt }, "could not report the action's completion; trying again");
-        await sleep(Math.min(COMPLETE_RETRY_MAX_MS, COMPLETE_RETRY_FIRST_MS * 2 ** (attempt - 1)));
-      }
+    try {
+      await untilAnswered(() => queue.completeAction(req), {
+        stopping: () => stopping,
+        onRetry: (err, attempt) => logger.warn({ err, action_id: actionId, attempt }, "could not report the action's completion; trying again"),
+      });
+    } catch (err) {
+      if (failureStatus(err) >= 500) throw err;
+      logger.warn({ err, action_id: actionId }, "the queue refused the action's completion");
     }
   };
 
@@ -156,7 +149,13 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   const run = async (actionId: string, actionType: string, action: ActionMsg, working: () => void) => {
     let phaseNow = "";
-    const reports = phaseReports((name) => queue.reportProgress({ actionId, hostId, phase: name, message: "" }).then((r) => r.cancelRequested));
+    const reports = phaseReports(async (name) => {
+      const answer = await untilAnswered(() => queue.reportProgress({ actionId, hostId, phase: name, message: "" }), {
+        forMs: PHASE_REPORT_PATIENCE_MS,
+        stopping: () => stopping,
+      });
+      return answer.cancelRequested;
+    });
     const phase = (name: string, opts?: { wait?: boolean }) => {
       phaseNow = name;
       return reports.enter(name, opts);
