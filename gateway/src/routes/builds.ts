@@ -93,7 +93,13 @@ export function buildRoutes(
             app_name: { type: "string", minLength: 1, maxLength: 128 },
             repository: { type: "string" },
             branch: { type: "string", default: "main" },
-            auto_deploy: { type: "boolean", default: true },
+            auto_deploy: {
+              type: "boolean",
+              default: true,
+              description:
+                "Deploy the build once it completes. Builds can finish out of order: the deploy of a build ends cancelled (superseded) " +
+                "when the deploy of a build of the same app and branch requested after it has already started, so the newest request wins.",
+            },
             config_path: {
               type: "string",
               description:

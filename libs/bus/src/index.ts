@@ -476,6 +476,8 @@ export interface BuildRequested {
   config_path: string;
   auto_deploy: boolean;
   created_by: string;
+  /** When the build was asked for (ISO 8601): the order of builds, however late the event comes. */
+  requested_at?: string | null;
   commit_message?: string | null;
   commit_author?: string | null;
 }
@@ -492,6 +494,7 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
   const deployId = data.deploy_action_id ?? null;
   if (deployId !== null && !isUuid(deployId)) throw new Error("build_requested event with a malformed deploy_action_id");
   const optional = (k: string) => (typeof data[k] === "string" && data[k] !== "" ? (data[k] as string) : null);
+  const requestedAt = optional("requested_at");
   return {
     build_id: data.build_id,
     deploy_action_id: deployId,
@@ -503,6 +506,7 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
     config_path: typeof data.config_path === "string" && data.config_path ? data.config_path : "platform.yaml",
     auto_deploy: data.auto_deploy === true,
     created_by: typeof data.created_by === "string" ? data.created_by : "system",
+    requested_at: requestedAt && !Number.isNaN(Date.parse(requestedAt)) ? requestedAt : null,
     commit_message: optional("commit_message"),
     commit_author: optional("commit_author"),
   };

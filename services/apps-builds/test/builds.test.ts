@@ -76,7 +76,9 @@ describe("POST /api/builds", () => {
   it("refuses a quarantined app, then writes the queued row and its event once preflight passes", async () => {
     expect(await refusal(trigger())).toMatchObject({ status: 409, detail: { code: "preflight_quarantined", preflight_status: "pending" } });
     await preflight("ready");
+    const asked = Date.now();
     const r = await trigger({ autoDeploy: true });
+    const answered = Date.now();
     expect(r).toMatchObject({ status: "queued", registered: false });
     expect(r.actionId).toBe(r.buildId);
     expect(r.tag).toMatch(/^main-[0-9a-f]{8}$/);
@@ -95,7 +97,12 @@ describe("POST /api/builds", () => {
       config_path: "platform.yaml",
       auto_deploy: true,
       created_by: "api_key:k-acme",
+      requested_at: expect.any(String),
     });
+    // When the build was asked for, however late the event reaches the queue.
+    const requestedAt = Date.parse(requested.find((e) => e.data.build_id === r.buildId)!.data.requested_at as string);
+    expect(requestedAt).toBeGreaterThanOrEqual(asked);
+    expect(requestedAt).toBeLessThanOrEqual(answered);
   });
 
   it("says a refusal from what the apps row holds now, right after a build of the same app", async () => {

@@ -23,6 +23,7 @@ function input(overrides: Omit<Partial<AdmissionInput>, "action"> & { action?: P
     action: { id: DEPLOY, status: "queued", actionType: "BUILD", claimedBy: null, dependsOn: null, admitForceUntil: null, admitForceUsed: false, ...action },
     hostId: "h1",
     dependency: null,
+    supersededBy: null,
     appLaneBusyWith: null,
     inFlightOnHost: 0,
     waitingAhead: [],
@@ -57,6 +58,17 @@ describe("admission gates", () => {
     const cancelled = checkAdmission(input({ action: { dependsOn: BUILD }, dependency: { id: BUILD, actionType: "BUILD", status: "cancelled" } }));
     expect(cancelled).toMatchObject({ verdict: "abandon", status: "cancelled" });
     expect(checkAdmission(input({ action: { dependsOn: BUILD }, dependency: null }))).toMatchObject({ verdict: "abandon", status: "failed" });
+  });
+
+  it("cancels the deploy of a build once the deploy of a build requested after it has started", () => {
+    const built = { id: BUILD, actionType: "BUILD", status: "completed" };
+    const newer = { id: "33333333-3333-4333-8333-333333333333", imageTag: "main-0000000b" };
+    const r = checkAdmission(input({ action: { actionType: "DEPLOY", dependsOn: BUILD, admitForceUntil: secondsAgo(-60) }, dependency: built, supersededBy: newer }));
+    expect(r).toMatchObject({ verdict: "abandon", status: "cancelled" });
+    expect(r.verdict === "abandon" && r.reason).toMatch(/Superseded: the deploy 33333333-.* of a build requested after this one \(main-0000000b\)/);
+    // Its build must still have completed first: a failed build fails its deploy, as always.
+    const failed = checkAdmission(input({ action: { actionType: "DEPLOY", dependsOn: BUILD }, dependency: { ...built, status: "failed" }, supersededBy: newer }));
+    expect(failed).toMatchObject({ verdict: "abandon", status: "failed" });
   });
 
   it("keeps one change per app lane at a time, and admit-force does not pass it", () => {

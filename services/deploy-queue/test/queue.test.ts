@@ -303,6 +303,31 @@ describe("claims", () => {
     expect((await claim(older.buildId, host)).claimed).toBe(true);
   });
 
+  it("cancels the deploy of a build whose event came late, once the deploy of a build requested after it has started", async () => {
+    const at = (s: number) => new Date(Date.now() - s * 1000).toISOString();
+    // B's event is taken first; A's, asked for earlier, comes after it (redelivered late, say).
+    const b = await queueBuild({ app_name: "late-app", requested_at: at(5) });
+    const a = await queueBuild({ app_name: "late-app", requested_at: at(10) });
+    expect((await row(a.buildId)).createdAt.getTime()).toBeLessThan((await row(b.buildId)).createdAt.getTime());
+    for (const x of [b, a]) {
+      await claim(x.buildId, "h-late");
+      await client.completeAction({ actionId: x.buildId, hostId: "h-late", status: "completed" });
+    }
+    expect((await claim(b.deployId, "h-late")).claimed).toBe(true);
+    await client.completeAction({ actionId: b.deployId, hostId: "h-late", status: "completed" });
+
+    expect(await claim(a.deployId, "h-late")).toMatchObject({ claimed: false, drop: true });
+    const cancelled = await row(a.deployId);
+    expect(cancelled).toMatchObject({ status: "cancelled" });
+    expect(cancelled.errorMessage).toBe(`Superseded: the deploy ${b.deployId} of a build requested after this one (${b.req.tag}) has already started.`);
+    // The other way round, the newer deploy goes ahead as usual.
+    const c = await queueBuild({ app_name: "late-app" });
+    await claim(c.buildId, "h-late");
+    await client.completeAction({ actionId: c.buildId, hostId: "h-late", status: "completed" });
+    expect((await claim(c.deployId, "h-late")).claimed).toBe(true);
+    await client.completeAction({ actionId: c.deployId, hostId: "h-late", status: "completed" });
+  });
+
   it("runs one DEPLOY per app and branch at a time", async () => {
     const first = await queueBuild({ app_name: "lane-app" });
     const second = await queueBuild({ app_name: "lane-app" });

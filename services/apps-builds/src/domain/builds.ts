@@ -93,6 +93,7 @@ export function acceptBuild(app: BuildableApp, caller: Caller, input: TriggerInp
       config_path: app.configPath,
       auto_deploy: autoDeploy,
       created_by: createdBy,
+      requested_at: new Date().toISOString(),
     },
   };
 }

@@ -6,6 +6,10 @@
  * 2. claimed: claimed by another host (drop), or by this one (a resume after an agent restart);
  * 3. dependency: the action it depends on must have completed; a failed or cancelled dependency
  *    ends this action too (failed or cancelled) and the message is dropped;
+ * 3b. superseded: the deploy of a build is cancelled when the deploy of a build asked for after it
+ *    has already started on the same app and branch: builds finish out of order (a quick one
+ *    after a slow one, an event redelivered late), and the older release must not replace the
+ *    newer one;
  * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at a
  *    time, so two blue/green swaps of one app never race;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
@@ -48,6 +52,11 @@ export interface AdmissionInput {
   hostId: string;
   /** The row `dependsOn` names; null when it names nothing or the row is gone. */
   dependency: DependencyState | null;
+  /**
+   * For the deploy of a build: the deploy of a build requested later, on the same app and branch,
+   * that has been claimed (in progress or ended other than cancelled).
+   */
+  supersededBy: { id: string; imageTag: string | null } | null;
   /** An in-progress action of the same app lane (APP_LANE_TYPES, same group, app and branch). */
   appLaneBusyWith: { id: string; actionType: string } | null;
   /** Actions of the same type in progress on this host (this one excluded). */
@@ -100,6 +109,16 @@ export function checkAdmission(input: AdmissionInput): Admission {
     if (dependency.status !== "completed") {
       return { verdict: "refuse", reason: `waiting for ${dependency.id} (${dependency.status})`, blockingActionId: dependency.id };
     }
+  }
+
+  // 3b. superseded
+  if (action.dependsOn && input.supersededBy) {
+    const newer = input.supersededBy;
+    return {
+      verdict: "abandon",
+      status: "cancelled",
+      reason: `Superseded: the deploy ${newer.id} of a build requested after this one${newer.imageTag ? ` (${newer.imageTag})` : ""} has already started.`,
+    };
   }
 
   // 4. app lane

@@ -37,6 +37,10 @@ async function advisoryLocks(em: EntityManager, keys: string[]): Promise<void> {
  */
 const ADMISSION_READS = `select
   (select json_build_object('id', d.id, 'actionType', d.action_type, 'status', d.status) from actions d where d.id = ?::uuid) as dependency,
+  (select json_build_object('id', s.id, 'imageTag', s.image_tag) from actions s
+    where ?::uuid is not null and s.action_type = 'DEPLOY' and s.depends_on is not null and s.group_slug = ? and s.app_name = ? and s.branch = ?
+      and s.created_at > ? and s.status in ('in_progress', 'completed', 'failed') and s.id <> ?
+    order by s.created_at desc limit 1) as superseded_by,
   (select json_build_object('id', b.id, 'actionType', b.action_type) from actions b
     where ? and b.status = 'in_progress' and b.group_slug = ? and b.app_name = ? and b.branch = ? and b.action_type in (?) and b.id <> ?
     order by b.claimed_at asc limit 1) as busy,
@@ -59,11 +63,18 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
   const lane = APP_LANE_TYPES.has(action.actionType);
   const limited = HOST_CONCURRENCY[action.actionType] !== undefined;
   const [row] = await em.getConnection().execute<
-    { dependency: DependencyState | null; busy: { id: string; actionType: string } | null; in_flight: number; ahead: string[] }[]
+    {
+      dependency: DependencyState | null;
+      superseded_by: { id: string; imageTag: string | null } | null;
+      busy: { id: string; actionType: string } | null;
+      in_flight: number;
+      ahead: string[];
+    }[]
   >(
     ADMISSION_READS,
     [
       action.dependsOn ?? null,
+      action.dependsOn ?? null, action.groupSlug, action.appName, action.branch, action.createdAt, action.id,
       lane, action.groupSlug, action.appName, action.branch, APP_LANE, action.id,
       limited, hostId, action.actionType, action.id,
       limited, action.actionType, hostId, action.id,
@@ -78,6 +89,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
     action,
     hostId,
     dependency: row?.dependency ?? null,
+    supersededBy: row?.superseded_by ?? null,
     appLaneBusyWith: row?.busy ?? null,
     inFlightOnHost: Number(row?.in_flight ?? 0),
     waitingAhead: row?.ahead ?? [],

@@ -23,6 +23,8 @@ export interface NewAction extends AnnouncedAction {
   dispatchedTo: string | null;
   dispatchedAt: Date | null;
   retryCount: number;
+  /** When the work was asked for: a build's actions are as old as the request, not the event. */
+  createdAt: Date;
 }
 
 /**
@@ -56,7 +58,7 @@ export async function acceptBuildRequests(em: EntityManager, reqs: BuildRequeste
   for (const req of reqs) {
     if (seen.has(req.build_id)) continue;
     seen.add(req.build_id);
-    const [build, ...dependents] = newBuildActions({ ...req, group_slug: renamed.get(req.group_slug) ?? req.group_slug });
+    const [build, ...dependents] = newBuildActions({ ...req, group_slug: renamed.get(req.group_slug) ?? req.group_slug }, now);
     const placed = placeAction(build, now, loads);
     send(build, placed.subject, placed.message);
     actions.push(build);
@@ -82,7 +84,7 @@ interface QueuedEvent extends OutboxRow {
 const ACTION_COLUMNS = `id, action_type, status, group_slug, app_name, branch, image_tag, commit_message, commit_author, depends_on, auto_deploy,
   deploy_warnings, payload, dispatched_to, dispatched_at, created_by, created_at, updated_at`;
 const ACTION_VALUES = `i.id, i.action_type, 'queued', i.group_slug, i.app_name, i.branch, i.image_tag, i.commit_message, i.commit_author, i.depends_on,
-  i.auto_deploy, '[]'::jsonb, i.payload, i.dispatched_to, i.now, i.created_by, i.now, i.now`;
+  i.auto_deploy, '[]'::jsonb, i.payload, i.dispatched_to, i.now, i.created_by, i.created_at, i.now`;
 
 /**
  * New actions in one statement: a BUILD that exists already (a request seen before under another
@@ -92,7 +94,7 @@ const ACTION_VALUES = `i.id, i.action_type, 'queued', i.group_slug, i.app_name, 
 const INSERT_ACTIONS = `with input as (
     select i.*, ?::timestamptz as now from jsonb_to_recordset(?::jsonb)
       as i(id uuid, action_type text, group_slug text, app_name text, branch text, image_tag text, commit_message text, commit_author text,
-           depends_on uuid, auto_deploy boolean, payload jsonb, dispatched_to text, created_by text)),
+           depends_on uuid, auto_deploy boolean, payload jsonb, dispatched_to text, created_by text, created_at timestamptz)),
   roots as (
     insert into actions (${ACTION_COLUMNS}) select ${ACTION_VALUES} from input i where i.depends_on is null
     on conflict (id) do nothing returning id),
@@ -122,6 +124,7 @@ async function insertActions(em: EntityManager, actions: NewAction[], events: Qu
     payload: a.payload,
     dispatched_to: a.dispatchedTo,
     created_by: a.createdBy,
+    created_at: a.createdAt.toISOString(),
   }));
   const outbox = events.map((e) => ({ id: e.id, action_id: e.actionId, subject: e.subject, payload: e.payload, headers: e.headers }));
   const created = await em
@@ -131,8 +134,11 @@ async function insertActions(em: EntityManager, actions: NewAction[], events: Qu
 }
 
 /** The BUILD action of a request and, with auto-deploy, the DEPLOY that waits for it. */
-function newBuildActions(req: BuildRequested): [NewAction, ...NewAction[]] {
+function newBuildActions(req: BuildRequested, now: Date): [NewAction, ...NewAction[]] {
+  const requested = req.requested_at ? new Date(req.requested_at) : now;
   const common = {
+    // Another host's clock a little ahead puts no action in the future.
+    createdAt: requested < now ? requested : now,
     groupSlug: req.group_slug,
     appName: req.app_name,
     branch: req.branch,
