@@ -17,8 +17,10 @@ import { failureStatus, untilAnswered } from "./until-answered.ts";
 export const SUPPORTED_ACTIONS = new Set(["BUILD", "DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_ACTION", "RECONCILE_ROUTING"]);
 const UNSUPPORTED_RETRY_MS = 60_000;
 const ADMISSION_RETRY_MS = 2_000;
-/** JetStream's redelivery window; long builds tell it they are still working. */
-const ACK_WAIT_MS = 60_000;
+/** When a work message for an action this process is already running comes again. */
+const BUSY_RETRY_MS = 60_000;
+/** How often a running action tells the queue it is alive (stuck_class). */
+const ALIVE_REPORT_MS = 20_000;
 /** How long a phase report is tried again while the queue is out of reach (a restart, say). */
 const PHASE_REPORT_PATIENCE_MS = 30_000;
 
@@ -123,9 +125,9 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       msg.nak(UNSUPPORTED_RETRY_MS);
       return;
     }
-    const outcome = await claimAndRun(actionId, actionType, () => msg.working());
+    const outcome = await claimAndRun(actionId, actionType);
     if (outcome === "refused") msg.nak(ADMISSION_RETRY_MS);
-    else if (outcome === "busy") msg.nak(ACK_WAIT_MS);
+    else if (outcome === "busy") msg.nak(BUSY_RETRY_MS);
   };
 
   /**
@@ -133,21 +135,21 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
    * process is claiming or running it already. The action counts as running from before its claim:
    * a resumed deploy and its redelivered message, both claimed as a resume, would run it twice.
    */
-  const claimAndRun = async (actionId: string, actionType: string, working: () => void): Promise<"done" | "dropped" | "refused" | "busy"> => {
+  const claimAndRun = async (actionId: string, actionType: string): Promise<"done" | "dropped" | "refused" | "busy"> => {
     if (running.has(actionId)) return "busy";
     running.add(actionId);
     try {
       const claim = await queue.claimAction({ actionId, hostId });
       if (claim.drop) return "dropped";
       if (!claim.claimed || !claim.action) return "refused";
-      await run(actionId, actionType, claim.action, working);
+      await run(actionId, actionType, claim.action);
       return "done";
     } finally {
       running.delete(actionId);
     }
   };
 
-  const run = async (actionId: string, actionType: string, action: ActionMsg, working: () => void) => {
+  const run = async (actionId: string, actionType: string, action: ActionMsg) => {
     let phaseNow = "";
     const reports = phaseReports(async (name) => {
       const answer = await untilAnswered(() => queue.reportProgress({ actionId, hostId, phase: name, message: "" }), {
@@ -160,11 +162,10 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       phaseNow = name;
       return reports.enter(name, opts);
     };
-    // JetStream must not redeliver a long action, and the queue must see it is alive (stuck_class).
+    // The queue must see a long action is alive (stuck_class); the bus keeps its message from redelivery.
     const keepAlive = setInterval(() => {
-      working();
       void queue.reportProgress({ actionId, hostId, phase: phaseNow, message: "" }).catch(() => undefined);
-    }, ACK_WAIT_MS / 3);
+    }, ALIVE_REPORT_MS);
     try {
       let outcome: { status: string; error_message: string; result: unknown };
       try {
@@ -241,15 +242,15 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   const consumers: RunningConsumer[] = [];
   consumers.push(
-    await runConsumer({ bus, stream: streamName, durable: `agent-${hostId}`, filterSubject: bus.subject(subjects.work.host(hostId)), logger, handle, ackWaitMs: ACK_WAIT_MS }),
+    await runConsumer({ bus, stream: streamName, durable: `agent-${hostId}`, filterSubject: bus.subject(subjects.work.host(hostId)), logger, handle }),
   );
-  consumers.push(await runConsumer({ bus, stream: streamName, durable: "agents-any", filterSubject: bus.subject(subjects.work.any), logger, handle, ackWaitMs: ACK_WAIT_MS }));
+  consumers.push(await runConsumer({ bus, stream: streamName, durable: "agents-any", filterSubject: bus.subject(subjects.work.any), logger, handle }));
   // Deploys this host had in flight when the agent stopped are taken up at once: the queue still
   // has them claimed by this host, so the claim resumes them (the deployer finishes or cleans up).
   const resumed = Promise.all(
     (opts.resumable?.() ?? []).map(async ({ actionId, actionType }) => {
       try {
-        const outcome = await claimAndRun(actionId, actionType, () => undefined);
+        const outcome = await claimAndRun(actionId, actionType);
         // The queue ended the action meanwhile (it failed it while this host was silent): what
         // this host still holds of it is settled all the same, as a resumed deploy would be.
         if (outcome === "dropped") {

@@ -10,6 +10,8 @@ import {
   jetstream,
   jetstreamManager,
   type JetStreamClient,
+  type ConsumerConfig,
+  type ConsumerUpdateConfig,
   type JetStreamManager,
   type JsMsg,
 } from "@nats-io/jetstream";
@@ -222,7 +224,7 @@ export interface ConsumerOptions {
   filterSubject: string;
   logger: Logger;
   handle: (msg: JsMsg) => Promise<void>;
-  /** How long a handler may take before JetStream redelivers (default 30 s). */
+  /** How long a message held without a sign of life waits before JetStream redelivers it (default ACK_WAIT_MS). */
   ackWaitMs?: number;
   /**
    * Where a durable made now starts: `all` the stream holds (default), or `new` messages only,
@@ -240,7 +242,8 @@ export interface RunningConsumer {
  * A handler that throws naks the message with a delay; JetStream redelivers it.
  */
 export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsumer> {
-  return consumeDurably(opts, async (msg) => {
+  const held = new HeldMessages(opts.ackWaitMs);
+  const consumer = await consumeDurably(opts, held, async (msg) => {
     const parent = extractTraceContext(headersCarrier(msg.headers));
     try {
       await withSpan(`consume ${msg.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } }, () => opts.handle(msg));
@@ -248,8 +251,16 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
     } catch (err) {
       opts.logger.warn({ err, subject: msg.subject }, "event handler failed; redelivering");
       msg.nak(1000);
+    } finally {
+      held.settled([msg]);
     }
   });
+  return {
+    async stop() {
+      await consumer.stop();
+      held.close();
+    },
+  };
 }
 
 export interface BatchConsumerOptions extends Omit<ConsumerOptions, "handle"> {
@@ -268,6 +279,7 @@ export interface BatchConsumerOptions extends Omit<ConsumerOptions, "handle"> {
  */
 export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<RunningConsumer> {
   const max = opts.maxBatch ?? 256;
+  const held = new HeldMessages(opts.ackWaitMs);
   const pending: JsMsg[] = [];
   let working: Promise<void> | null = null;
 
@@ -286,6 +298,7 @@ export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<Runn
         () => opts.handleBatch(batch),
       );
       for (const m of batch) m.ack();
+      held.settled(batch);
     } catch (err) {
       if (batch.length > 1) {
         for (const m of batch) await handle([m]);
@@ -293,6 +306,7 @@ export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<Runn
       }
       opts.logger.warn({ err, subject }, "event handler failed; redelivering");
       batch[0]!.nak(1000);
+      held.settled(batch);
     }
   };
   // Starts on the next macrotask, by when every message already buffered has been taken in.
@@ -307,7 +321,7 @@ export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<Runn
       });
   };
 
-  const consumer = await consumeDurably(opts, async (msg) => {
+  const consumer = await consumeDurably(opts, held, async (msg) => {
     pending.push(msg);
     kick();
     // Two batches waiting: take no more until one is done.
@@ -317,27 +331,91 @@ export async function runBatchConsumer(opts: BatchConsumerOptions): Promise<Runn
     async stop() {
       await consumer.stop();
       while (working) await working;
+      held.close();
     },
   };
 }
 
-/** The durable consumer and its `consume()` loop, shared by both consumer shapes. */
-async function consumeDurably(opts: Omit<ConsumerOptions, "handle">, take: (msg: JsMsg) => Promise<void>, buffered = 64): Promise<RunningConsumer> {
-  const { jsm, js } = opts.bus;
-  await jsm.consumers
-    .add(opts.stream, {
-      durable_name: opts.durable,
-      filter_subject: opts.filterSubject,
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: opts.startAt === "new" ? DeliverPolicy.New : DeliverPolicy.All,
-      ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
-      max_deliver: -1,
-    })
-    .catch(async (err: unknown) => {
-      await jsm.consumers.info(opts.stream, opts.durable).catch(() => {
+/**
+ * How long JetStream waits for the ack of a message it delivered before it hands the message out
+ * again. Short, so that what a replica held when it died (a crash, a kill, a host lost) reaches
+ * the next taker within seconds; a message still being handled, however long, is kept from
+ * redelivery by HeldMessages.
+ */
+export const ACK_WAIT_MS = 5_000;
+
+/**
+ * The messages a consumer has taken and not yet settled (acked, nakked or terminated): each is
+ * marked in progress (`working()`) every third of the ack wait, so JetStream redelivers only what
+ * a consumer that stopped living held.
+ */
+class HeldMessages {
+  readonly ackWaitMs: number;
+  readonly #msgs = new Set<JsMsg>();
+  readonly #timer: NodeJS.Timeout;
+
+  constructor(ackWaitMs = ACK_WAIT_MS) {
+    this.ackWaitMs = ackWaitMs;
+    this.#timer = setInterval(() => {
+      try {
+        for (const msg of this.#msgs) msg.working();
+      } catch {
+        // The connection is closed: what is held is redelivered, as it should be.
+      }
+    }, ackWaitMs / 3);
+    this.#timer.unref();
+  }
+
+  taken(msg: JsMsg): void {
+    this.#msgs.add(msg);
+  }
+
+  settled(msgs: JsMsg[]): void {
+    for (const msg of msgs) this.#msgs.delete(msg);
+  }
+
+  close(): void {
+    clearInterval(this.#timer);
+  }
+}
+
+/**
+ * Creates a durable consumer, or brings one made earlier (by an older release, say) to `config`
+ * where JetStream lets a consumer change: its ack wait and how many messages it may hold. Without
+ * that a durable would keep the settings it was first made with for ever. Replicas starting
+ * together race to create it; the loser finds it made.
+ */
+export async function ensureDurable(jsm: JetStreamManager, stream: string, config: Partial<ConsumerConfig> & { durable_name: string }): Promise<void> {
+  const existing = await jsm.consumers.add(stream, config).then(
+    () => null,
+    (err: unknown) =>
+      jsm.consumers.info(stream, config.durable_name).catch(() => {
         throw err;
-      });
-    });
+      }),
+  );
+  if (!existing) return;
+  const changes: Partial<ConsumerUpdateConfig> = {};
+  if (config.ack_wait !== undefined && existing.config.ack_wait !== config.ack_wait) changes.ack_wait = config.ack_wait;
+  if (config.max_ack_pending !== undefined && existing.config.max_ack_pending !== config.max_ack_pending) changes.max_ack_pending = config.max_ack_pending;
+  if (Object.keys(changes).length > 0) await jsm.consumers.update(stream, config.durable_name, changes);
+}
+
+/** The durable consumer and its `consume()` loop, shared by both consumer shapes. */
+async function consumeDurably(
+  opts: Omit<ConsumerOptions, "handle">,
+  held: HeldMessages,
+  take: (msg: JsMsg) => Promise<void>,
+  buffered = 64,
+): Promise<RunningConsumer> {
+  const { jsm, js } = opts.bus;
+  await ensureDurable(jsm, opts.stream, {
+    durable_name: opts.durable,
+    filter_subject: opts.filterSubject,
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: opts.startAt === "new" ? DeliverPolicy.New : DeliverPolicy.All,
+    ack_wait: held.ackWaitMs * 1_000_000,
+    max_deliver: -1,
+  });
   let stopped = false;
   let current: { close(): Promise<void | Error> } | null = null;
   const loop = (async () => {
@@ -352,6 +430,7 @@ async function consumeDurably(opts: Omit<ConsumerOptions, "handle">, take: (msg:
           break;
         }
         for await (const msg of messages) {
+          held.taken(msg);
           await take(msg);
           if (stopped) break;
         }

@@ -4,10 +4,12 @@ import { AsyncLocalStorageContextManager } from "@opentelemetry/context-async-ho
 import { W3CTraceContextPropagator } from "@opentelemetry/core";
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider } from "@opentelemetry/sdk-trace";
 import pg from "pg";
+import { AckPolicy } from "@nats-io/jetstream";
 import type { Logger } from "@platform/logger";
 import { enqueueEvent, openDatabase, type MikroORM } from "@platform/db";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import {
+  ACK_WAIT_MS,
   connectBus,
   handleBatchOnce,
   handleOnce,
@@ -380,6 +382,62 @@ describe("consumers", () => {
     await new Promise((resolve) => setTimeout(resolve, 300));
     expect(first).toEqual(["d1"]);
     expect(second).toEqual(["d2"]);
+  });
+});
+
+describe("held messages", () => {
+  it("hands what a consumer held when it died to the next taker within seconds", async () => {
+    const s = "events.test.held_by_dead";
+    const other = await connectBus({ url: testNatsUrl(), name: "bus-test-dying", prefix, logger });
+    let taken = 0;
+    // Takes the message and never settles it, then its connection goes as a killed process's would.
+    await runConsumer({ bus: other, stream: streamName, durable: "held-by-dead", filterSubject: bus.subject(s), logger, handle: () => { taken++; return new Promise(() => undefined); } });
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "held-1", data: {} }));
+    await expect.poll(() => taken, { timeout: 10_000, interval: 20 }).toBe(1);
+    await other.nc.close();
+    const handled: boolean[] = [];
+    const diedAt = Date.now();
+    await consumer("held-by-dead", s, async (msg) => void handled.push(msg.redelivered));
+    await expect.poll(() => handled, { timeout: ACK_WAIT_MS * 3, interval: 50 }).toEqual([true]);
+    // JetStream's default ack wait (30 s) would have held it far longer.
+    expect(Date.now() - diedAt).toBeLessThan(ACK_WAIT_MS * 3);
+  });
+
+  it("keeps a message whose handler outlasts the ack wait from being delivered again", async () => {
+    const s = "events.test.held_long";
+    const deliveries: boolean[] = [];
+    const c = await runConsumer({
+      bus,
+      stream: streamName,
+      durable: "held-long",
+      filterSubject: bus.subject(s),
+      logger,
+      ackWaitMs: 1_000,
+      handle: async (msg) => {
+        deliveries.push(msg.redelivered);
+        await new Promise((r) => setTimeout(r, 3_500));
+      },
+    });
+    stoppers.push(() => c.stop());
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "long-1", data: {} }));
+    await expect
+      .poll(async () => {
+        const info = await bus.jsm.consumers.info(streamName, "held-long");
+        return deliveries.length > 0 && info.num_ack_pending === 0;
+      }, { timeout: 15_000, interval: 100 })
+      .toBe(true);
+    expect(deliveries).toEqual([false]);
+  });
+
+  it("brings a durable made with an older ack wait to the current one", async () => {
+    const s = "events.test.old_durable";
+    await bus.jsm.consumers.add(streamName, { durable_name: "old-durable", filter_subject: bus.subject(s), ack_policy: AckPolicy.Explicit, ack_wait: 30_000 * 1_000_000 });
+    const handled: string[] = [];
+    await consumer("old-durable", s, async (msg) => void handled.push(msg.json<EventEnvelope>().id));
+    const info = await bus.jsm.consumers.info(streamName, "old-durable");
+    expect(info.config.ack_wait).toBe(ACK_WAIT_MS * 1_000_000);
+    await bus.js.publish(bus.subject(s), JSON.stringify({ id: "old-1", data: {} }));
+    await expect.poll(() => handled, { timeout: 10_000, interval: 20 }).toEqual(["old-1"]);
   });
 });
 

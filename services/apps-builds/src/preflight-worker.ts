@@ -19,7 +19,6 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
     durable: "apps-builds-preflight",
     filterSubject: bus.subject(subjects.events.preflightRequested),
     logger: ctx.logger,
-    ackWaitMs: AGENT_TIMEOUT_MS + 30_000,
     async handle(msg) {
       const event = msg.json<EventEnvelope>();
       const request = event.data as unknown as PreflightRequest;

@@ -14,7 +14,7 @@
  * Replicas share the durable consumer, so they split the stream between them.
  */
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
-import { subjects, type JsMsg } from "@platform/bus";
+import { ensureDurable, subjects, type JsMsg } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { linesOfMessage, type MessageLines, type StoredLine } from "./domain/ingest.ts";
 import { isDataError, type LogStore } from "./domain/log-store.ts";
@@ -74,22 +74,16 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
   const maxDelayMs = opts.maxDelayMs ?? 100;
   const stats: LogIngestionStats = { batches: 0, messages: 0, stored: 0, duplicates: 0, rejectedLines: 0, terminated: 0, failures: 0 };
 
-  await bus.jsm.consumers
-    .add(stream, {
-      durable_name: LOG_CONSUMER,
-      filter_subject: bus.subject(subjects.allLogs),
-      ack_policy: AckPolicy.Explicit,
-      deliver_policy: DeliverPolicy.All,
-      ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
-      max_deliver: -1,
-      // Bounds what one replica holds in memory while the store is slow.
-      max_ack_pending: maxMessages * 8,
-    })
-    .catch(async (err: unknown) => {
-      await bus.jsm.consumers.info(stream, LOG_CONSUMER).catch(() => {
-        throw err;
-      });
-    });
+  await ensureDurable(bus.jsm, stream, {
+    durable_name: LOG_CONSUMER,
+    filter_subject: bus.subject(subjects.allLogs),
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: DeliverPolicy.All,
+    ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
+    max_deliver: -1,
+    // Bounds what one replica holds in memory while the store is slow.
+    max_ack_pending: maxMessages * 8,
+  });
 
   const decode = (msg: JsMsg): Decoded | null => {
     let decoded: MessageLines;
