@@ -135,7 +135,7 @@ describe("docs page", () => {
 });
 
 describe("tracing", () => {
-  it("carries one trace from the gateway's request through the identity RPC", async () => {
+  it("carries one trace from the gateway's request through the identity RPC and its statements", async () => {
     const created = await call(fleet.api, "POST", "/keys", { credential: fleet.rootKey, body: { name: "t", scope: "read", platform: true } });
     const traceId = randomBytes(16).toString("hex");
     const parent = randomBytes(8).toString("hex");
@@ -151,5 +151,7 @@ describe("tracing", () => {
     expect(identityServer, JSON.stringify(trace)).toBeDefined();
     expect(gatewayIds.has(identityServer!.parentSpanId)).toBe(true);
     expect(trace.some((s) => s.service === "gateway" && s.parentSpanId === parent)).toBe(true);
+    // identity's statements are in it too (the pg instrumentation patched the driver at start).
+    expect(trace.some((s) => s.service === "identity" && s.name.startsWith("pg.query:SELECT"))).toBe(true);
   });
 });

@@ -22,6 +22,13 @@ function isProbe(url: string | undefined): boolean {
 }
 type Holder = { [SDK_KEY]?: NodeSDK };
 
+/**
+ * The modules whose ESM imports the loader hook wraps, so the instrumentations below can patch
+ * them: node's http and https (HttpInstrumentation) and pg (PgInstrumentation). Undici and
+ * Fastify are observed through diagnostics channels and need no wrapping.
+ */
+export const INSTRUMENTED_MODULES = ["http", "https", "pg", "pg-pool"];
+
 /** The service name comes from OTEL_SERVICE_NAME, which the fleet runner and deploy files set. */
 function serviceName(): string {
   return process.env.OTEL_SERVICE_NAME || "platform";
