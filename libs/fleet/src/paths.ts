@@ -8,6 +8,8 @@ import { serviceEnv } from "@platform/config";
 
 export const REPO_ROOT = fileURLToPath(new URL("../../../", import.meta.url)).replace(/[\\/]$/, "");
 export const DEFAULT_DATA_DIR = path.join(REPO_ROOT, ".data");
+/** Node's compile cache for the fleet's processes (see launch in fleet.ts). */
+export const COMPILE_CACHE_DIR = path.join(DEFAULT_DATA_DIR, "compile-cache");
 
 const sharedEnv = serviceEnv("identity");
 export const DEFAULT_DATABASE_URL: string = sharedEnv.DATABASE_URL.default;
