@@ -81,7 +81,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         body: {
           type: "object",
           properties: {
-            app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it." },
+            app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it, and to `id`, `history` and `queue`, words routes of this API read as their own (`id` registers as `id-2`)." },
             repository: { type: "string", description: "https://, http://, ssh:// or git@host:path (file:// where allowed)." },
             display_name: { type: "string" },
             branch: { type: "string", default: "main" },

@@ -32,6 +32,7 @@ let identity: TestIdentity;
 const requested: EventEnvelope[] = [];
 
 const acme: Caller = makeCaller({ kind: "api_key", principalId: "k-acme", scope: "deploy", visibleGroups: ["acme"], selectedGroup: "acme" });
+const beta: Caller = makeCaller({ kind: "api_key", principalId: "k-beta", scope: "deploy", visibleGroups: ["beta"], selectedGroup: "beta" });
 
 
 const trigger = (overrides: { appName?: string; repository?: string; skipPreflight?: boolean; autoDeploy?: boolean } = {}) =>
@@ -51,7 +52,7 @@ beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
   // Registrations (auto-registration included) take the group lock from identity.
-  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme"] });
+  identity = await startIdentity({ databaseUrl, prefix, groups: ["acme", "beta"] });
   service = await build(
     loadConfig(appsBuildsEnv, { DATABASE_URL: databaseUrl, NATS_URL: testNatsUrl(), BUS_PREFIX: prefix, RPC_PORT: "0", LOG_LEVEL: "silent", IDENTITY_URL: identity.url }),
   );
@@ -188,6 +189,72 @@ describe("POST /api/builds", () => {
     const rows = await db.query<{ display_name: string }>("select display_name from apps_builds.builds where id = any($1::uuid[])", [ids]);
     expect(rows.rows.map((r) => r.display_name)).toEqual(ids.map(() => "Shop Burst"));
     expect((await buildRows("cart")).map((b) => b.id)).toEqual([cartBuild.buildId]);
+  });
+});
+
+describe("POST /api/builds input", () => {
+  it("refuses a repository that is no URL with 422 for a registered app too", async () => {
+    await preflight("ready");
+    for (const repository of ["garbage", "", "https:// spaced"]) {
+      expect(await refusal(trigger({ repository })), repository).toMatchObject({ status: 422, detail: { code: "repository_host_unsupported" } });
+    }
+  });
+
+  it("finds a build by tag only in the group an operator names", async () => {
+    await preflight("ready");
+    const r = await trigger();
+    const operator = (group?: string) =>
+      makeCaller({ kind: "api_key", principalId: "k-op", scope: "admin", platformOperator: true, visibleGroups: ["acme", "beta"], selectedGroup: group ?? "", explicitGroup: group !== undefined });
+    expect(await client.getBuildByTag({ caller: operator(), appName: "shop", tag: r.tag })).toMatchObject({ id: r.buildId });
+    expect(await client.getBuildByTag({ caller: operator("acme"), appName: "shop", tag: r.tag })).toMatchObject({ id: r.buildId });
+    expect(await refusal(client.getBuildByTag({ caller: operator("beta"), appName: "shop", tag: r.tag }))).toMatchObject({ status: 404 });
+  });
+
+  it("builds a registered app whatever spaces surround its branch", async () => {
+    await preflight("ready");
+    const r = await client.triggerBuild({ caller: acme, appName: "shop", repository: REPOSITORY, branch: " main ", autoDeploy: false, configPath: "", skipPreflight: false });
+    expect(r).toMatchObject({ status: "queued", registered: false });
+    expect((await buildRows()).some((b) => b.id === r.buildId)).toBe(true);
+  });
+});
+
+describe("registrations at the same moment", () => {
+  it("lets only one of two registrations of one repository under two names through", async () => {
+    for (let round = 0; round < 3; round++) {
+      const repository = `https://example.com/acme/twin-${round}.git`;
+      const outcomes = await Promise.allSettled([
+        client.registerApp({ caller: acme, appName: `twin-a-${round}`, repository }),
+        client.registerApp({ caller: acme, appName: `twin-b-${round}`, repository }),
+      ]);
+      expect(outcomes.filter((o) => o.status === "fulfilled")).toHaveLength(1);
+      const refused = outcomes.find((o) => o.status === "rejected")!;
+      expect(await refusal(Promise.reject((refused as PromiseRejectedResult).reason))).toMatchObject({ status: 409, detail: { code: "repository_already_registered" } });
+      const rows = await db.query("select app_name from apps_builds.apps where repository_key = $1", [`example.com/acme/twin-${round}`]);
+      expect(rows.rows).toHaveLength(1);
+    }
+  });
+
+  it("gives a new app the next suffix when another group is registering that suffix as its name", async () => {
+    for (let round = 0; round < 3; round++) {
+      const base = `race${round}`;
+      await client.registerApp({ caller: acme, appName: base, repository: `https://example.com/acme/${base}.git` });
+      // beta's `race<n>` becomes `race<n>-2`, the very name acme registers meanwhile.
+      const [suffixed, named] = await Promise.all([
+        client.registerApp({ caller: beta, appName: base, repository: `https://example.com/beta/${base}.git` }),
+        client.registerApp({ caller: acme, appName: `${base}-2`, repository: `https://example.com/acme/${base}-2.git` }),
+      ]);
+      // Whichever commits first has `race<n>-2`; the other takes the next free name, never a 500.
+      const names = [suffixed.app?.appName, named.app?.appName];
+      expect([
+        [`${base}-3`, `${base}-2`],
+        [`${base}-2`, `${base}-2-2`],
+      ]).toContainEqual(names);
+    }
+  });
+
+  it("registers an app named after a word of a route under the next suffix", async () => {
+    const r = await client.registerApp({ caller: acme, appName: "ID", repository: "https://example.com/acme/id.git" });
+    expect(r.app?.appName).toBe("id-2");
   });
 });
 

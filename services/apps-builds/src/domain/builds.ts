@@ -48,7 +48,7 @@ export interface AcceptedBuild {
 function buildTarget(caller: Caller, input: TriggerInput): { group: string; branch: string; baseName: string } {
   const group = caller.selectedGroup;
   if (!group || !canSeeGroup(caller, group)) throw PlatformError.invalid("Select the group to build in (?group=).");
-  return { group, branch: input.branch || "main", baseName: appNameFrom(input.appName) };
+  return { group, branch: input.branch?.trim() || "main", baseName: appNameFrom(input.appName) };
 }
 
 /**
@@ -346,7 +346,8 @@ export function buildNotFound(id: string): PlatformError {
 
 export async function findBuildByTag(em: EntityManager, caller: Caller, appName: string, tag: string): Promise<Build> {
   const build = await em.findOne(Build, { appName, tag });
-  if (!build || !canSeeGroup(caller, build.groupSlug) || (!caller.platformOperator && build.groupSlug !== caller.selectedGroup)) {
+  const scope = visibleGroupFilter(caller);
+  if (!build || !canSeeGroup(caller, build.groupSlug) || (scope.groupSlug !== undefined && build.groupSlug !== scope.groupSlug)) {
     throw PlatformError.notFound(`Build '${tag}' of app '${appName}' not found`);
   }
   return build;

@@ -54,9 +54,17 @@ export function suffixPatterns(base: string): string[] {
   return stem.length < base.length ? [`${base}-%`, `${stem}%`] : [`${base}-%`];
 }
 
+/**
+ * Words a route of the API reads as its own where an app name could stand
+ * (`/api/builds/id/{prefix}` beside `/api/builds/{app_name}/{tag}`, `/api/deployments/history`
+ * and `/api/deployments/queue/...` beside `/api/deployments/{app_name}/undeploy`): an app of
+ * that name could not be reached there, so they count as taken (`id` registers as `id-2`).
+ */
+export const RESERVED_APP_NAMES: ReadonlySet<string> = new Set(["id", "history", "queue"]);
+
 /** The next free slug: `shop`, then `shop-2`, `shop-3`... */
 export function withSuffix(base: string, taken: ReadonlySet<string>): string {
-  if (!taken.has(base)) return base;
+  if (!taken.has(base) && !RESERVED_APP_NAMES.has(base)) return base;
   for (let n = 2; ; n++) {
     const suffix = `-${n}`;
     const candidate = `${base.slice(0, LABEL_MAX - suffix.length)}${suffix}`;

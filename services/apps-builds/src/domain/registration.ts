@@ -114,6 +114,28 @@ export function registerUnderGroupLock(
   return underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), (em) => registerApp(em, caller, { ...input, groupSlug: group }, policy));
 }
 
+/** A transaction-scoped advisory lock: held from here until the registration commits or rolls back. */
+async function holdUntilCommit(em: EntityManager, key: string): Promise<void> {
+  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [key], "all", em.getTransactionContext());
+}
+
+/**
+ * The name of a new app: its base name, or the next free suffix of it (`shop-2`). A suffix may be
+ * the base name of a registration running in another group at the same moment, so it is held as
+ * that registration holds its own name, and taken only if still free once held. Name locks are
+ * taken after the repository lock, and only from a name to its suffixes, so no two registrations
+ * wait for each other in a circle.
+ */
+async function freeName(em: EntityManager, baseName: string): Promise<string> {
+  for (;;) {
+    const taken = await em.find(App, { $or: [{ appName: baseName }, ...suffixPatterns(baseName).map((p) => ({ appName: { $like: p } }))] }, { fields: ["appName"] });
+    const name = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
+    if (name === baseName) return name;
+    await holdUntilCommit(em, `apps.register.${name}`);
+    if ((await em.count(App, { appName: name })) === 0) return name;
+  }
+}
+
 /** The registration's write, in the transaction of `em` (under the group lock: registerUnderGroupLock). */
 export async function registerApp(
   em: EntityManager,
@@ -135,10 +157,11 @@ export async function registerApp(
   const description = (input.description ?? "").trim();
   if (description.length > 2000) throw PlatformError.invalid("description must be at most 2000 characters.");
 
-  // Registrations of one name are serialised, so two requests cannot take the same name.
-  await em
-    .getConnection()
-    .execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.register.${baseName}`], "all", em.getTransactionContext());
+  // Registrations of one repository in a group are serialised, so the same-repository rule sees
+  // a twin registered at the same moment under another name; so are registrations of one name,
+  // so two requests cannot take the same name. (In that order, always: see freeName.)
+  await holdUntilCommit(em, `apps.register.repository.${group}\n${repositoryKey}\n${configPath}`);
+  await holdUntilCommit(em, `apps.register.${baseName}`);
 
   const ours = await em.find(App, { groupSlug: group, $or: [{ baseName }, { appName: baseName }] }, { orderBy: { createdAt: "asc" } });
   let appName: string;
@@ -165,8 +188,7 @@ export async function registerApp(
         app_name: twin.appName,
       });
     }
-    const taken = await em.find(App, { $or: [{ appName: baseName }, ...suffixPatterns(baseName).map((p) => ({ appName: { $like: p } }))] }, { fields: ["appName"] });
-    appName = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
+    appName = await freeName(em, baseName);
   }
 
   if (ours.length > 0) checkBranchHostLabel(appName, label);

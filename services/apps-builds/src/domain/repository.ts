@@ -37,8 +37,9 @@ export function checkRepository(repository: string, policy: RepositoryPolicy): v
 }
 
 /**
- * `https://GitHub.com/Acme/Web.git/`, `ssh://git@github.com/acme/web` and
- * `git@github.com:acme/web.git` all normalise to `github.com/acme/web`.
+ * `https://GitHub.com/Acme/Web.git/`, `ssh://git@github.com:22/acme/web` and
+ * `git@github.com:acme/web.git` all normalise to `github.com/acme/web`. What is no URL at all
+ * is the 422 of `checkRepository`.
  */
 export function normalizeRepository(repository: string): string {
   const value = repository.trim();
@@ -49,9 +50,15 @@ export function normalizeRepository(repository: string): string {
     host = scp[2]!;
     path = scp[3]!;
   } else {
-    const url = new URL(value);
-    host = url.protocol === "file:" ? "file" : url.host;
-    path = decodeURIComponent(url.pathname);
+    let url: URL;
+    try {
+      url = new URL(value);
+      path = decodeURIComponent(url.pathname);
+    } catch {
+      throw unsupported(repository);
+    }
+    // ssh's own port is no part of which repository it is (https's and http's the URL drops itself).
+    host = url.protocol === "file:" ? "file" : url.protocol === "ssh:" && url.port === "22" ? url.hostname : url.host;
   }
   path = path.replace(/\/+$/, "").replace(/\.git$/i, "").replace(/^\/+/, "");
   return `${host.toLowerCase()}/${path.toLowerCase()}`;
