@@ -116,7 +116,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   queueRoutes(app, queue);
   deploymentRoutes(app, queue);
   appLifecycleRoutes(app, apps, queue);
-  logRoutes(app, health);
+  logRoutes(app, health, apps);
   varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);
 

@@ -96,10 +96,8 @@ from (
   ) draws, (select array[${SYLLABLES.map((s) => `'${s}'`).join(", ")}] as s) syllables
 ) lines`;
 
-/** What ingestion keeps beside the lines: the app branches (access check) and builds (source=build). */
+/** What ingestion keeps beside the lines that the query reads: the builds (source=build). */
 export const DERIVED = [
-  `insert into log_branches (app_name, branch, group_slug, last_seen_at)
-   select app_name, branch, min(group_slug), max(ts) from log_lines where app_name is not null and branch is not null group by app_name, branch`,
   `insert into log_builds (build_id, app_name, group_slug, first_ts, last_ts)
    select build_id, min(app_name), min(group_slug), min(ts), max(ts) from log_lines where source = 'build' and build_id is not null group by build_id`,
 ];
@@ -174,7 +172,7 @@ export async function run(): Promise<Verdict[]> {
       for (const sql of DERIVED) await db.query(sql);
       const loaded = performance.now();
       for (const { def } of indexes.rows) await db.query(def);
-      await db.query("vacuum analyze log_lines, log_branches, log_builds");
+      await db.query("vacuum analyze log_lines, log_builds");
       console.log(
         `loaded ${LINES.toLocaleString("en")} lines in ${((loaded - fleetReady) / 1000).toFixed(1)} s, ` +
           `${indexes.rows.length} indexes rebuilt and vacuumed in ${((performance.now() - loaded) / 1000).toFixed(1)} s`,

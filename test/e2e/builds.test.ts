@@ -96,6 +96,21 @@ describe("a build on a real agent", () => {
     expect(search.body.logs.some((l: { message: string }) => l.message.includes("wrote"))).toBe(true);
   });
 
+  it("reads an app's log lines under any branch the app has: branch scopes the access check only", async () => {
+    // dev has no line of its own yet: the app's lines still come back under it.
+    expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: web.url, branch: "dev" } })).status).toBe(201);
+    const all = (await call(api, "GET", "/logs?app_name=node-web&source=build&limit=1000", { credential: acme })).body;
+    expect(all.total).toBeGreaterThan(0);
+    for (const branch of ["main", "dev"]) {
+      expect((await call(api, "GET", `/logs?app_name=node-web&source=build&limit=1000&branch=${branch}`, { credential: acme })).body.total, branch).toBe(all.total);
+    }
+    // A branch the app lacks, or an app of another group, reads like an unknown app.
+    expect((await call(api, "GET", "/logs?app_name=node-web&source=build&branch=nope", { credential: acme })).body).toEqual({ logs: [], total: 0, has_more: false });
+    expect((await call(api, "GET", "/logs?app_name=node-web&source=build&branch=main", { credential: globex })).body).toEqual({ logs: [], total: 0, has_more: false });
+    // The parameters are checked all the same.
+    expect((await call(api, "GET", "/logs?app_name=node-web&branch=nope&limit=5000", { credential: acme })).status).toBe(422);
+  });
+
   it("is found by id prefix and by tag, and listed with filters", async () => {
     expect((await call(api, "GET", `/builds/node-web/${tag}`, { credential: acme })).body.id).toBe(buildId);
     const list = await call(api, "GET", "/builds?app_name=node-web&limit=1", { credential: acme });

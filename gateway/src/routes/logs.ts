@@ -1,7 +1,12 @@
-/** GET /api/logs (spec doc 1 section 4.6), answered by health-aggregator's log store. */
+/**
+ * GET /api/logs (spec doc 1 section 4.6), answered by health-aggregator's log store. `branch`
+ * only scopes the access check: the caller must see the app on that branch, which apps-builds,
+ * the owner of apps and their branches, says; no line is filtered by it.
+ */
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
-import type { HealthAggregatorService, LogRow } from "@platform/proto";
+import type { AppsBuildsService, Caller, HealthAggregatorService, LogRow } from "@platform/proto";
+import { platformErrorOf } from "@platform/rpc";
 import { callerOf } from "../access.ts";
 import { authErrors, commonQuery, offsetParam } from "../schemas.ts";
 
@@ -69,7 +74,18 @@ interface LogsQuery {
   branch?: string;
 }
 
-export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggregatorService>): void {
+/** Whether the caller sees the app on the branch; an app it cannot see there reads as an unknown one. */
+async function seesAppOn(apps: Client<typeof AppsBuildsService>, caller: Caller, appName: string, branch: string): Promise<boolean> {
+  try {
+    await apps.getApp({ caller, appName, branch });
+    return true;
+  } catch (err) {
+    if (platformErrorOf(err)?.status === 404) return false;
+    throw err;
+  }
+}
+
+export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggregatorService>, apps: Client<typeof AppsBuildsService>): void {
   app.get(
     "/api/logs",
     {
@@ -100,7 +116,7 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
             since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w (at most 365d)." },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
             offset: offsetParam,
-            branch: { type: "string", description: "Only scopes the access check of app_name: lines are not filtered by it." },
+            branch: { type: "string", description: "Only scopes the access check of app_name: the caller must see the app on this branch (one the app has), else the answer is empty as for an unknown app. Lines are not filtered by it." },
           },
         },
         response: {
@@ -128,21 +144,29 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
     },
     async (request) => {
       const q = request.query as LogsQuery;
-      const r = await health.queryLogs({
-        caller: callerOf(request),
-        appName: q.app_name ?? "",
-        source: q.source ?? "",
-        serviceName: q.service_name ?? "",
-        deploymentId: q.deployment_id ?? "",
-        buildId: q.build_id ?? "",
-        actionId: q.action_id ?? "",
-        level: q.level ?? "",
-        search: q.search ?? "",
-        since: q.since ?? "",
-        limit: q.limit,
-        offset: q.offset,
-        branch: q.branch ?? "",
-      });
+      const caller = callerOf(request);
+      // An id names its app, and then app_name and branch are ignored.
+      const branch = q.app_name && q.branch?.trim() && !q.deployment_id && !q.build_id && !q.action_id ? q.branch.trim() : null;
+      // Asked together: the log store checks every parameter (422) whatever the access check says.
+      const [r, visible] = await Promise.all([
+        health.queryLogs({
+          caller,
+          appName: q.app_name ?? "",
+          source: q.source ?? "",
+          serviceName: q.service_name ?? "",
+          deploymentId: q.deployment_id ?? "",
+          buildId: q.build_id ?? "",
+          actionId: q.action_id ?? "",
+          level: q.level ?? "",
+          search: q.search ?? "",
+          since: q.since ?? "",
+          limit: q.limit,
+          offset: q.offset,
+          branch: q.branch ?? "",
+        }),
+        branch ? seesAppOn(apps, caller, q.app_name!, branch) : true,
+      ]);
+      if (!visible) return { logs: [], total: 0, has_more: false, ...(q.source === "container" ? { reason: "no_log_group" } : {}) };
       const body: { logs: ReturnType<typeof rowJson>[]; total: number; has_more: boolean; error?: string; reason?: string } = {
         logs: r.logs.map(rowJson),
         total: r.total,

@@ -9,6 +9,7 @@ import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
 import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
+import { logBranchesDroppedMigrations } from "./migrations/0004_log_branches_dropped.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
@@ -33,7 +34,7 @@ export async function build(
     name: "health-aggregator",
     config,
     entities,
-    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations],
+    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations, ...logBranchesDroppedMigrations],
     // Called after onStart, which has opened the store.
     routes: (ctx) => routes(ctx, store!),
     async onStart(ctx) {

@@ -382,12 +382,13 @@ describe("queries", () => {
     expect((await query(makeCaller({ ...operator, selectedGroup: "globex" }))).total).toBe(all.total);
   });
 
-  it("uses branch only for the access check", async () => {
-    // Every branch's lines of the app come back: branch is not a filter.
+  it("filters no line by branch: its access check is the gateway's, against the registered branches", async () => {
+    // Every branch's lines of the app come back, whichever branch is named, lines or none.
     expect((await query(operator, { appName: "shop", branch: "main" })).total).toBe(21);
     expect((await query(operator, { appName: "shop", branch: "feature-x" })).total).toBe(21);
-    expect(await query(operator, { appName: "shop", branch: "nope" })).toMatchObject({ logs: [], total: 0 });
+    expect((await query(operator, { appName: "shop", branch: "no-lines-yet" })).total).toBe(21);
     expect((await query(tenant("acme"), { appName: "shop", branch: "main" })).total).toBe(21);
+    // The group scope still holds.
     expect((await query(tenant("globex"), { appName: "shop", branch: "main" })).total).toBe(0);
   });
 
@@ -547,8 +548,8 @@ describe("the agent's lines: source semantics and why a container answer is empt
     expect(await query(operator, { appName: "ghost", source: "container", since: "365d" })).toMatchObject(empty);
     expect(await query(operator, { appName: "no-such-app", source: "container" })).toMatchObject(empty);
     expect(await query(operator, { appName: "kiosk", serviceName: "cron", source: "container", since: "365d" })).toMatchObject(empty);
-    // The branch passes the access check (it has lines), so the app's lines are read (branch
-    // does not filter them); when there are none, nothing was ever deployed on that branch.
+    // The app's lines are read (branch does not filter them); when the branch has no log group,
+    // nothing was ever deployed on it.
     expect(await query(operator, { appName: "kiosk", branch: "preview", source: "container", since: "10m" })).toMatchObject(empty);
     // Another group's app reads like an unknown one, and a caller in no group sees no app.
     expect(await query(tenant("acme"), { appName: "kiosk", source: "container" })).toMatchObject(empty);
@@ -605,7 +606,7 @@ describe("a renamed or deleted group", () => {
   }
   const rowsOf = async (slug: string) => {
     const counts: Record<string, number> = {};
-    for (const table of ["log_lines", "log_branches", "log_builds", "log_groups"]) {
+    for (const table of ["log_lines", "log_builds", "log_groups"]) {
       counts[table] = (await db.query<{ n: number }>(`select count(*)::int as n from ${table} where group_slug = $1`, [slug])).rows[0]!.n;
     }
     return counts;
@@ -619,8 +620,8 @@ describe("a renamed or deleted group", () => {
     await shipAndWait([...lines("umbrella", "hive"), ...lines("tyrell", "nexus")], "app_name in ('hive', 'nexus')", [], 4);
     await announce(subjects.events.groupRenamed, { group_id: randomUUID(), slug: "umbrella-corp", previous_slug: "umbrella" });
     await until(async () => (await count("group_slug = $1", ["umbrella-corp"])) === 2, "lines under the new slug");
-    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 2, log_branches: 1, log_builds: 1, log_groups: 1 });
-    expect(await rowsOf("umbrella")).toEqual({ log_lines: 0, log_branches: 0, log_builds: 0, log_groups: 0 });
+    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 2, log_builds: 1, log_groups: 1 });
+    expect(await rowsOf("umbrella")).toEqual({ log_lines: 0, log_builds: 0, log_groups: 0 });
     expect((await query(tenant("umbrella-corp"), { appName: "hive" })).total).toBe(2);
     expect((await query(tenant("umbrella"), { appName: "hive" })).total).toBe(0);
     expect((await query(tenant("tyrell"), { appName: "nexus" })).total).toBe(2);
@@ -630,8 +631,8 @@ describe("a renamed or deleted group", () => {
     await shipAndWait(lines("umbrella", "hive-old"), "app_name = 'hive-old'", []);
     await announce(subjects.events.groupDeleted, { group_id: randomUUID(), slugs: ["umbrella-corp", "umbrella"] });
     await until(async () => (await count("group_slug in ('umbrella', 'umbrella-corp')")) === 0, "the deleted group's lines gone");
-    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 0, log_branches: 0, log_builds: 0, log_groups: 0 });
-    expect(await rowsOf("tyrell")).toEqual({ log_lines: 2, log_branches: 1, log_builds: 1, log_groups: 1 });
+    expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 0, log_builds: 0, log_groups: 0 });
+    expect(await rowsOf("tyrell")).toEqual({ log_lines: 2, log_builds: 1, log_groups: 1 });
   });
 });
 

@@ -162,8 +162,9 @@ export function countBound(q: Pick<LogQuery, "offset" | "limit">): number {
 
 /**
  * The page and the count of one query, as parameterised SQL over `log_lines`. Both share one
- * WHERE clause: the window, the scope, the owning app (ids or app_name, with branch's access
- * check), the source semantics, then service, level and the full-text search.
+ * WHERE clause: the window, the scope, the owning app (ids or app_name), the source semantics,
+ * then service, level and the full-text search. `branch` filters no line (spec 4.6: it only
+ * scopes the access check, which the gateway makes against the app's registered branches).
  */
 export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>): { page: Sql; count: Sql } {
   const values: unknown[] = [];
@@ -197,12 +198,6 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
     }
   }
   if (app) where.push(`app_name = ${app}`);
-  if (app && q.branch) {
-    // branch only scopes the access check: the caller must be able to see the app on that branch.
-    where.push(
-      `exists (select 1 from log_branches lb where lb.app_name = ${app} and lb.branch = ${param(q.branch)}${group ? ` and lb.group_slug = ${group}` : ""})`,
-    );
-  }
   switch (q.source) {
     case null:
       break;

@@ -99,9 +99,9 @@ export function storeFailure(err: unknown): string | null {
 const STARTED_PHASES = ["start", "health_check", "ready", "swap_committed", "drain"].map((p) => `'${p}'`).join(", ");
 
 /**
- * One statement per batch: the lines, and what they tell the side tables: which group owns a
- * branch (log_branches), the builds (log_builds) and the log groups (log_groups) of container
- * lines and of services a deploy started. last_seen moves at most once a minute, so a busy app
+ * One statement per batch: the lines, and what they tell the side tables: the builds
+ * (log_builds) and the log groups (log_groups) of container lines and of services a deploy
+ * started. last_seen moves at most once a minute, so a busy app
  * does not rewrite its rows on every batch.
  */
 const INSERT = `
@@ -115,13 +115,6 @@ with input as (
   from input
   on conflict (line_id) do nothing
   returning 1
-), branches as (
-  insert into log_branches (app_name, branch, group_slug, last_seen_at)
-  select app_name, branch, (array_agg(group_slug order by ts desc))[1], max(ts)
-  from input where app_name is not null and branch is not null
-  group by app_name, branch order by app_name, branch
-  on conflict (app_name, branch) do update set group_slug = excluded.group_slug, last_seen_at = greatest(log_branches.last_seen_at, excluded.last_seen_at)
-  where log_branches.group_slug is distinct from excluded.group_slug or log_branches.last_seen_at < excluded.last_seen_at - interval '1 minute'
 ), builds as (
   insert into log_builds (build_id, app_name, group_slug, first_ts, last_ts)
   select build_id, (array_agg(app_name order by ts desc))[1], (array_agg(group_slug order by ts desc))[1], min(ts), max(ts)

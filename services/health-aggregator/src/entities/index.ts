@@ -32,23 +32,6 @@ export class LogLine extends LogLineSchema.class {}
 LogLineSchema.setClass(LogLine);
 
 /**
- * Which group owns an app's branch, as its shipped lines say: the access check of `branch`
- * (spec doc 1 section 4.6, "only scopes the access check"). Kept by ingestion.
- */
-export const LogBranchSchema = defineEntity({
-  name: "LogBranch",
-  tableName: "log_branches",
-  properties: {
-    appName: p.text().primary(),
-    branch: p.text().primary(),
-    groupSlug: p.text().nullable(),
-    lastSeenAt: p.datetime(),
-  },
-});
-export class LogBranch extends LogBranchSchema.class {}
-LogBranchSchema.setClass(LogBranch);
-
-/**
  * A build as its shipped lines tell of it (first and last line): `source=build` reads the lines
  * of the most recent builds (spec doc 1 section 4.6) without reading apps-builds' builds table.
  * Kept by ingestion.
@@ -88,4 +71,4 @@ export const LogGroupSchema = defineEntity({
 export class LogGroup extends LogGroupSchema.class {}
 LogGroupSchema.setClass(LogGroup);
 
-export const entities = [LogLineSchema, LogBranchSchema, LogBuildSchema, LogGroupSchema];
+export const entities = [LogLineSchema, LogBuildSchema, LogGroupSchema];
