@@ -19,6 +19,12 @@ const UNSUPPORTED_RETRY_MS = 60_000;
 const ADMISSION_RETRY_MS = 2_000;
 /** When a work message for an action this process is already running comes again. */
 const BUSY_RETRY_MS = 60_000;
+/**
+ * Work messages looked at once per consumer. The queue's admission gates decide what runs (per
+ * host and per app); every message waiting must be tried for them to choose, so a long build does
+ * not keep a prioritized or admit-forced action behind it from being claimed.
+ */
+const WORK_CONCURRENCY = 8;
 /** How often a running action tells the queue it is alive (stuck_class). */
 const ALIVE_REPORT_MS = 20_000;
 /** How long a phase report is tried again while the queue is out of reach (a restart, say). */
@@ -242,9 +248,11 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   const consumers: RunningConsumer[] = [];
   consumers.push(
-    await runConsumer({ bus, stream: streamName, durable: `agent-${hostId}`, filterSubject: bus.subject(subjects.work.host(hostId)), logger, handle }),
+    await runConsumer({ bus, stream: streamName, durable: `agent-${hostId}`, filterSubject: bus.subject(subjects.work.host(hostId)), logger, handle, concurrency: WORK_CONCURRENCY }),
   );
-  consumers.push(await runConsumer({ bus, stream: streamName, durable: "agents-any", filterSubject: bus.subject(subjects.work.any), logger, handle }));
+  consumers.push(
+    await runConsumer({ bus, stream: streamName, durable: "agents-any", filterSubject: bus.subject(subjects.work.any), logger, handle, concurrency: WORK_CONCURRENCY }),
+  );
   // Deploys this host had in flight when the agent stopped are taken up at once: the queue still
   // has them claimed by this host, so the claim resumes them (the deployer finishes or cleans up).
   const resumed = Promise.all(

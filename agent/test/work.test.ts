@@ -1,7 +1,8 @@
 /**
  * The agent's work lane against the real deploy-queue (Postgres, NATS JetStream, Connect): an
  * action that throws is completed as failed once, never run again by a redelivery; a completion
- * the queue could not take is sent again, not the action run again.
+ * the queue could not take is sent again, not the action run again; every waiting action is
+ * tried, so the queue's gates choose what runs (priority, admit-force).
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, afterEach, beforeAll, expect, it } from "vitest";
@@ -14,9 +15,9 @@ import { createLogger } from "@platform/logger";
 import { createTestDatabase, deleteBusStreams, dropDatabase, testNatsUrl, uniquePrefix } from "@platform/testing";
 import type { RunningService } from "@platform/service";
 import { build as buildDeployQueue } from "../../services/deploy-queue/src/app.ts";
-import { Action } from "../../services/deploy-queue/src/entities/index.ts";
+import { Action, Agent } from "../../services/deploy-queue/src/entities/index.ts";
 import { startWorkLane, type WorkLane, type WorkOptions } from "../src/work.ts";
-import type { DeployOutcome } from "../src/deployer.ts";
+import type { DeployJob, DeployOutcome } from "../src/deployer.ts";
 
 const logger = createLogger({ service: "agent-work-test", level: "silent", pretty: false });
 const HOST = "h-work";
@@ -76,7 +77,7 @@ async function builtAndQueued(): Promise<string> {
   return deployId;
 }
 
-function startLane(deploy: () => Promise<DeployOutcome>, overrides: Partial<WorkOptions> = {}): Promise<WorkLane> {
+function startLane(deploy: (job: DeployJob) => Promise<DeployOutcome>, overrides: Partial<WorkOptions> = {}): Promise<WorkLane> {
   // Only DEPLOY reaches this lane's deployer here; the BUILD was finished above.
   const deployer = (() => ({ deploy })) as unknown as WorkOptions["deployer"];
   return startWorkLane({ bus, hostId: HOST, queue, logger, log: () => undefined, build: {} as WorkOptions["build"], deployer, ...overrides });
@@ -120,4 +121,36 @@ it("sends a completion the queue could not take again, without running the actio
   await expect.poll(async () => (await row(deployId)).status, { timeout: 15_000 }).toBe("completed");
   expect(refusals).toBe(0);
   expect(runs).toBe(1);
+});
+
+it("tries every waiting action, so a prioritized one takes the next slot and an admit-forced one runs past the limit", async () => {
+  // A live agent on this host: the work goes to its own subject, where the queue order applies.
+  bus.nc.publish(bus.subject(subjects.heartbeat(HOST)), JSON.stringify({ host_id: HOST, version: "0.1.0", schedulable: true, cpus: 2 }));
+  await expect.poll(() => queueService.ctx.read((em) => em.findOne(Agent, { hostId: HOST })), { timeout: 5000 }).toBeTruthy();
+  const [d1, d2, d3, d4] = [await builtAndQueued(), await builtAndQueued(), await builtAndQueued(), await builtAndQueued()];
+  const started: string[] = [];
+  const finish = new Map<string, () => void>();
+  lane = await startLane(
+    (job) =>
+      new Promise<DeployOutcome>((resolve) => {
+        started.push(job.action_id);
+        finish.set(job.action_id, () => resolve({ status: "completed", error_message: "", result: {} }));
+      }),
+  );
+  const sql = (query: string, params: unknown[]) => queueService.ctx.write((em) => em.getConnection().execute(query, params, "run", em.getTransactionContext()));
+
+  // Two DEPLOYs at once on a host; the other two are tried meanwhile, and refused.
+  await expect.poll(() => [...started].sort(), { timeout: 15_000 }).toEqual([d1, d2].sort());
+  await expect.poll(async () => (await row(d4)).admissionCheckReason ?? "", { timeout: 10_000 }).toMatch(/at its limit/);
+  await sql("update deploy_queue.actions set priority = 1 where id = ?", [d4]);
+  finish.get(d1)!();
+  await expect.poll(() => started.includes(d4), { timeout: 15_000 }).toBe(true);
+  expect(started.includes(d3)).toBe(false);
+
+  // Past the limit once, with an override.
+  await sql("update deploy_queue.actions set admit_force_until = now() + interval '1 minute' where id = ?", [d3]);
+  await expect.poll(() => started.includes(d3), { timeout: 15_000 }).toBe(true);
+  expect((await row(d3)).admitForceUsed).toBe(true);
+  for (const id of [d2, d3, d4]) finish.get(id)!();
+  for (const id of [d1, d2, d3, d4]) await expect.poll(async () => (await row(id)).status, { timeout: 15_000 }).toBe("completed");
 });

@@ -227,6 +227,12 @@ export interface ConsumerOptions {
   /** How long a message held without a sign of life waits before JetStream redelivers it (default ACK_WAIT_MS). */
   ackWaitMs?: number;
   /**
+   * How many messages `runConsumer` handles at once (default 1: one after another, in order).
+   * More lets a handler that holds its message for long (running an action) not keep the ones
+   * behind it from being looked at.
+   */
+  concurrency?: number;
+  /**
    * Where a durable made now starts: `all` the stream holds (default), or `new` messages only,
    * for a consumer to whom older events mean nothing (an agent installed after them).
    */
@@ -243,7 +249,9 @@ export interface RunningConsumer {
  */
 export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsumer> {
   const held = new HeldMessages(opts.ackWaitMs);
-  const consumer = await consumeDurably(opts, held, async (msg) => {
+  const limit = Math.max(1, opts.concurrency ?? 1);
+  const handling = new Set<Promise<void>>();
+  const handle = async (msg: JsMsg): Promise<void> => {
     const parent = extractTraceContext(headersCarrier(msg.headers));
     try {
       await withSpan(`consume ${msg.subject}`, { kind: SpanKind.CONSUMER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } }, () => opts.handle(msg));
@@ -254,10 +262,16 @@ export async function runConsumer(opts: ConsumerOptions): Promise<RunningConsume
     } finally {
       held.settled([msg]);
     }
+  };
+  const consumer = await consumeDurably(opts, held, async (msg) => {
+    const handled: Promise<void> = handle(msg).finally(() => handling.delete(handled));
+    handling.add(handled);
+    if (handling.size >= limit) await Promise.race(handling);
   });
   return {
     async stop() {
       await consumer.stop();
+      await Promise.all(handling);
       held.close();
     },
   };

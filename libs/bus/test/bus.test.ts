@@ -368,6 +368,37 @@ describe("consumers", () => {
     expect(consumed!.parentSpanContext?.isRemote).toBe(true);
   });
 
+  it("handles as many messages at once as its concurrency, no more, each acknowledged once handled", async () => {
+    const s = "events.test.concurrent";
+    let now = 0;
+    let most = 0;
+    const handled: string[] = [];
+    const c = await runConsumer({
+      bus,
+      stream: streamName,
+      durable: "concurrent",
+      filterSubject: bus.subject(s),
+      logger,
+      concurrency: 3,
+      handle: async (msg) => {
+        most = Math.max(most, ++now);
+        await new Promise((r) => setTimeout(r, 300));
+        now--;
+        handled.push(msg.json<EventEnvelope>().id);
+      },
+    });
+    stoppers.push(() => c.stop());
+    await Promise.all(Array.from({ length: 7 }, (_, i) => bus.js.publish(bus.subject(s), JSON.stringify({ id: `c${i}`, data: {} }))));
+    await expect.poll(() => handled.length, { timeout: 10_000, interval: 20 }).toBe(7);
+    expect(most).toBe(3);
+    await expect
+      .poll(async () => {
+        const info = await bus.jsm.consumers.info(streamName, "concurrent");
+        return info.num_ack_pending + info.num_pending;
+      }, { timeout: 5_000, interval: 100 })
+      .toBe(0);
+  });
+
   it("resumes after a restart without handling acknowledged messages again", async () => {
     const s = "events.test.durable";
     const first: string[] = [];

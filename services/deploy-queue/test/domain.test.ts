@@ -25,6 +25,7 @@ function input(overrides: Omit<Partial<AdmissionInput>, "action"> & { action?: P
     dependency: null,
     supersededBy: null,
     appLaneBusyWith: null,
+    appLaneAhead: null,
     inFlightOnHost: 0,
     waitingAhead: [],
     now,
@@ -77,6 +78,15 @@ describe("admission gates", () => {
     expect(r).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
     // BUILDs are not in the app lane.
     expect(checkAdmission(input({ appLaneBusyWith: busy }))).toMatchObject({ verdict: "admit" });
+  });
+
+  it("keeps an app lane in order: a ready action ahead of it goes first, admit-force or not", () => {
+    const r = checkAdmission(input({ action: { actionType: "SERVICE_ACTION", admitForceUntil: secondsAgo(-60) }, appLaneAhead: BUILD }));
+    expect(r).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
+    expect((r as { reason: string }).reason).toMatch(/waiting behind 11111111 .* same app and branch/);
+    expect(checkAdmission(input({ action: { actionType: "SERVICE_ACTION" } }))).toMatchObject({ verdict: "admit" });
+    // BUILDs are not in the app lane.
+    expect(checkAdmission(input({ appLaneAhead: BUILD }))).toMatchObject({ verdict: "admit" });
   });
 
   it("limits in-flight BUILDs per host; admit-force passes the gate once", () => {

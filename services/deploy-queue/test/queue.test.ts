@@ -305,16 +305,16 @@ describe("claims", () => {
 
   it("cancels the deploy of a build whose event came late, once the deploy of a build requested after it has started", async () => {
     const at = (s: number) => new Date(Date.now() - s * 1000).toISOString();
-    // B's event is taken first; A's, asked for earlier, comes after it (redelivered late, say).
+    // B's event is taken and B deployed; A's, asked for earlier, comes after that (redelivered late, say).
     const b = await queueBuild({ app_name: "late-app", requested_at: at(5) });
-    const a = await queueBuild({ app_name: "late-app", requested_at: at(10) });
-    expect((await row(a.buildId)).createdAt.getTime()).toBeLessThan((await row(b.buildId)).createdAt.getTime());
-    for (const x of [b, a]) {
-      await claim(x.buildId, "h-late");
-      await client.completeAction({ actionId: x.buildId, hostId: "h-late", status: "completed" });
-    }
+    await claim(b.buildId, "h-late");
+    await client.completeAction({ actionId: b.buildId, hostId: "h-late", status: "completed" });
     expect((await claim(b.deployId, "h-late")).claimed).toBe(true);
     await client.completeAction({ actionId: b.deployId, hostId: "h-late", status: "completed" });
+    const a = await queueBuild({ app_name: "late-app", requested_at: at(10) });
+    expect((await row(a.buildId)).createdAt.getTime()).toBeLessThan((await row(b.buildId)).createdAt.getTime());
+    await claim(a.buildId, "h-late");
+    await client.completeAction({ actionId: a.buildId, hostId: "h-late", status: "completed" });
 
     expect(await claim(a.deployId, "h-late")).toMatchObject({ claimed: false, drop: true });
     const cancelled = await row(a.deployId);
@@ -342,6 +342,21 @@ describe("claims", () => {
     expect(diagnosis.blockingActionId).toBe(first.deployId);
     await client.completeAction({ actionId: first.deployId, hostId: "h-lane-1", status: "completed" });
     expect((await claim(second.deployId, "h-lane-2")).claimed).toBe(true);
+  });
+
+  it("takes an app's ready actions in order, whichever an agent tries to claim first", async () => {
+    const first = await queueBuild({ app_name: "order-app" });
+    const second = await queueBuild({ app_name: "order-app" });
+    for (const b of [first, second]) {
+      await claim(b.buildId, "h-order");
+      await client.completeAction({ actionId: b.buildId, hostId: "h-order", status: "completed" });
+    }
+    const early = await claim(second.deployId, "h-order");
+    expect(early.claimed).toBe(false);
+    expect(early.refusalReason).toBe(`waiting behind ${first.deployId.slice(0, 8)} (higher priority or older) of the same app and branch`);
+    expect((await claim(first.deployId, "h-order")).claimed).toBe(true);
+    await client.completeAction({ actionId: first.deployId, hostId: "h-order", status: "completed" });
+    expect((await claim(second.deployId, "h-order")).claimed).toBe(true);
   });
 });
 

@@ -11,7 +11,9 @@
  *    after a slow one, an event redelivered late), and the older release must not replace the
  *    newer one;
  * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at a
- *    time, so two blue/green swaps of one app never race;
+ *    time, so two blue/green swaps of one app never race; and in order: a ready one that goes
+ *    before it (higher priority, then older) goes first, so a restart then a stop end stopped
+ *    however an agent's claims of them interleave;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
  * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
  *    higher priority (then the older) goes first.
@@ -59,6 +61,12 @@ export interface AdmissionInput {
   supersededBy: { id: string; imageTag: string | null } | null;
   /** An in-progress action of the same app lane (APP_LANE_TYPES, same group, app and branch). */
   appLaneBusyWith: { id: string; actionType: string } | null;
+  /**
+   * A ready action of the same app lane (queued, its dependency met) that goes before this one
+   * (higher priority, or equal priority and older), dispatched or tried by its agent within
+   * QUEUE_ORDER_WINDOW_MS: one whose host has gone quiet holds the lane up no longer than that.
+   */
+  appLaneAhead: string | null;
   /** Actions of the same type in progress on this host (this one excluded). */
   inFlightOnHost: number;
   /**
@@ -125,6 +133,10 @@ export function checkAdmission(input: AdmissionInput): Admission {
   if (input.appLaneBusyWith && APP_LANE_TYPES.has(action.actionType)) {
     const busy = input.appLaneBusyWith;
     return { verdict: "refuse", reason: `app is busy with ${busy.actionType} ${busy.id} (in_progress)`, blockingActionId: busy.id };
+  }
+  if (input.appLaneAhead && APP_LANE_TYPES.has(action.actionType)) {
+    const ahead = input.appLaneAhead;
+    return { verdict: "refuse", reason: `waiting behind ${short(ahead)} (higher priority or older) of the same app and branch`, blockingActionId: ahead };
   }
 
   // 5. per-host concurrency and 6. queue order: the capacity gates admit-force passes once.

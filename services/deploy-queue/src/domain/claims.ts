@@ -32,7 +32,7 @@ async function advisoryLocks(em: EntityManager, keys: string[]): Promise<void> {
 
 /**
  * What the gates read, in one statement: the dependency's row, an in-progress action of the app
- * lane, the host's in-flight count and the ready actions ahead in its queue (the last two only for
+ * lane and a ready one ahead in it, the host's in-flight count and the ready actions ahead in its queue (the last two only for
  * types with a per-host limit). A claim runs it with the row locked, so every read sees one moment.
  */
 const ADMISSION_READS = `select
@@ -44,6 +44,12 @@ const ADMISSION_READS = `select
   (select json_build_object('id', b.id, 'actionType', b.action_type) from actions b
     where ? and b.status = 'in_progress' and b.group_slug = ? and b.app_name = ? and b.branch = ? and b.action_type in (?) and b.id <> ?
     order by b.claimed_at asc limit 1) as busy,
+  (select l.id from actions l left join actions ld on ld.id = l.depends_on
+    where ? and l.status = 'queued' and l.group_slug = ? and l.app_name = ? and l.branch = ? and l.action_type in (?) and l.id <> ?
+      and (l.depends_on is null or ld.status = 'completed')
+      and (l.last_admission_check_at > ? or l.dispatched_at > ?)
+      and (l.priority > ? or (l.priority = ? and (l.created_at < ? or (l.created_at = ? and l.id < ?))))
+    order by l.priority desc, l.created_at, l.id limit 1) as lane_ahead,
   (select count(*)::int from actions f where ? and f.status = 'in_progress' and f.claimed_by = ? and f.action_type = ? and f.id <> ?) as in_flight,
   (select coalesce(json_agg(w.id order by w.priority desc, w.created_at, w.id), '[]'::json) from (
     select x.id, x.priority, x.created_at from actions x
@@ -62,11 +68,13 @@ const ADMISSION_READS = `select
 export async function admissionInput(em: EntityManager, action: Action, hostId: string, now: Date): Promise<AdmissionInput> {
   const lane = APP_LANE_TYPES.has(action.actionType);
   const limited = HOST_CONCURRENCY[action.actionType] !== undefined;
+  const windowStart = new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS);
   const [row] = await em.getConnection().execute<
     {
       dependency: DependencyState | null;
       superseded_by: { id: string; imageTag: string | null } | null;
       busy: { id: string; actionType: string } | null;
+      lane_ahead: string | null;
       in_flight: number;
       ahead: string[];
     }[]
@@ -76,9 +84,12 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
       action.dependsOn ?? null,
       action.dependsOn ?? null, action.groupSlug, action.appName, action.branch, action.createdAt, action.id,
       lane, action.groupSlug, action.appName, action.branch, APP_LANE, action.id,
+      lane, action.groupSlug, action.appName, action.branch, APP_LANE, action.id,
+      windowStart, windowStart,
+      action.priority, action.priority, action.createdAt, action.createdAt, action.id,
       limited, hostId, action.actionType, action.id,
       limited, action.actionType, hostId, action.id,
-      new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS),
+      windowStart,
       action.priority, action.priority, action.createdAt, action.createdAt, action.id,
       APP_LANE, APP_LANE,
     ],
@@ -91,6 +102,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
     dependency: row?.dependency ?? null,
     supersededBy: row?.superseded_by ?? null,
     appLaneBusyWith: row?.busy ?? null,
+    appLaneAhead: row?.lane_ahead ?? null,
     inFlightOnHost: Number(row?.in_flight ?? 0),
     waitingAhead: row?.ahead ?? [],
     now,
