@@ -188,6 +188,11 @@ describe("registration from another branch", () => {
     expect(copy.status).toBe(201);
     expect(copy.body.copied_var_keys).toEqual(["API_URL", "MODE"]);
     expect((await call(api, "GET", "/vars/node-web?branch=staging", { credential: acme })).body.variables).toEqual({ API_URL: "https://x", MODE: "prod" });
+    // A write names its branch in the body or, as GET reads it, in the query; never two different ones.
+    expect((await call(api, "PUT", "/vars/node-web?branch=staging", { credential: acme, body: { variables: { ONLY_STAGING: "1" } } })).body.branch).toBe("staging");
+    expect((await call(api, "GET", "/vars/node-web?branch=main", { credential: acme })).body.variables).not.toHaveProperty("ONLY_STAGING");
+    expect((await call(api, "PUT", "/vars/node-web?branch=staging", { credential: acme, body: { branch: "main", variables: { X: "1" } } })).status).toBe(422);
+    expect((await call(api, "DELETE", "/vars/node-web?branch=staging", { credential: acme, body: { key: "ONLY_STAGING" } })).body.variables).not.toHaveProperty("ONLY_STAGING");
 
     const clone = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main" } });
     expect(clone.status).toBe(201);

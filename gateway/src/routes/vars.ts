@@ -22,6 +22,23 @@ const keyName = {
   description: "Letters, digits and underscores, not starting with a digit (`^[A-Za-z_][A-Za-z0-9_]*$`), at most 256 characters.",
 } as const;
 const branchField = { type: "string", description: "Branch of the app; defaults to `main`." } as const;
+const writeBranchQuery = {
+  type: "string",
+  description: "The branch, as GET reads it: the same as `branch` in the body, which it may stand in for. Both, naming different branches, is 422.",
+} as const;
+
+/**
+ * The branch a write names: in its body (the spec's place) or in `?branch=`, where GET reads it,
+ * so a client that writes the way it reads changes the branch it means rather than `main`.
+ */
+function writeBranch(request: FastifyRequest): string {
+  const inQuery = (request.query as { branch?: string }).branch;
+  const inBody = (request.body as { branch?: string }).branch;
+  if (inQuery !== undefined && inBody !== undefined && inQuery.trim() !== inBody.trim()) {
+    throw PlatformError.invalid(`branch is '${inBody}' in the body and '${inQuery}' in the query; name it once.`);
+  }
+  return inBody ?? inQuery ?? "";
+}
 const keyList = { type: "array", items: { type: "string" } } as const;
 const stamp = {
   type: ["string", "null"],
@@ -108,7 +125,7 @@ export function varRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
           "500 variables. Every name and value is checked before anything is written (422). Answers the document after the merge; " +
           "a request that changes nothing leaves `updated_at` as it was.",
         params: appName,
-        querystring: { type: "object", properties: commonQuery },
+        querystring: { type: "object", properties: { ...commonQuery, branch: writeBranchQuery } },
         body: {
           type: "object",
           properties: {
@@ -122,9 +139,9 @@ export function varRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request) => {
       const { app_name } = request.params as { app_name: string };
-      const b = request.body as { branch?: string; variables: Record<string, string> };
+      const b = request.body as { variables: Record<string, string> };
       return documentJson(
-        await apps.putVariables({ caller: callerOf(request), appName: app_name, branch: b.branch ?? "", variables: b.variables }),
+        await apps.putVariables({ caller: callerOf(request), appName: app_name, branch: writeBranch(request), variables: b.variables }),
       );
     },
   );
@@ -139,7 +156,7 @@ export function varRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         summary: "Remove one variable of one app branch; effective at the next deploy.",
         description: "Answers the document after the removal. A name the branch does not have is 404.",
         params: appName,
-        querystring: { type: "object", properties: commonQuery },
+        querystring: { type: "object", properties: { ...commonQuery, branch: writeBranchQuery } },
         body: {
           type: "object",
           properties: { branch: branchField, key: keyName },
@@ -150,8 +167,8 @@ export function varRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request) => {
       const { app_name } = request.params as { app_name: string };
-      const b = request.body as { branch?: string; key: string };
-      return documentJson(await apps.deleteVariable({ caller: callerOf(request), appName: app_name, branch: b.branch ?? "", key: b.key }));
+      const b = request.body as { key: string };
+      return documentJson(await apps.deleteVariable({ caller: callerOf(request), appName: app_name, branch: writeBranch(request), key: b.key }));
     },
   );
 
