@@ -191,6 +191,15 @@ describe("a build deployed by the agent", () => {
     // A redeploy of an image carries no build: running_build_id is not reported (rule 5 counts DEPLOYs of builds only).
     expect((await getApp()).running_version).toBe(v3.tag);
   });
+
+  it("refuses to queue a deployment of a service the release does not declare, nothing queued", async () => {
+    const before = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total;
+    const undeclared = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: ["web", "nope"] } });
+    expect(undeclared).toMatchObject({ status: 400, body: { detail: { code: "service_not_declared", services: ["nope"] } } });
+    expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: [123] } })).status).toBe(422);
+    expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
+    expect((await getApp()).deploy_status).toBe("running");
+  });
 });
 
 describe("cancel", () => {

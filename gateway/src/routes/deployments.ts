@@ -112,7 +112,11 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
             app_name: { type: "string", minLength: 1, maxLength: 128 },
             branch: { type: "string", minLength: 1, maxLength: 255, default: "main" },
             image_tag: { type: "string", minLength: 1, maxLength: 300 },
-            services: { type: "array", items: {}, description: "Services to deploy; every service when omitted." },
+            services: {
+              type: "array",
+              items: { type: "string" },
+              description: "Names of services the release's config declares, to deploy only those; every service when omitted or empty. A name it does not declare is 400 `service_not_declared`.",
+            },
             placement_plan: { type: "object", additionalProperties: true, description: "Operator placement hints." },
             aliases: { type: "array", items: { type: "string" }, description: "type: static apps only." },
             record_fqdn: { type: "string" },
@@ -143,7 +147,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       },
     },
     async (request, reply) => {
-      const body = request.body as { app_name: string; branch?: string; image_tag?: string; services?: unknown[]; placement_plan?: Record<string, unknown> };
+      const body = request.body as { app_name: string; branch?: string; image_tag?: string; services?: string[]; placement_plan?: Record<string, unknown> };
       const { skip_preflight } = request.query as { skip_preflight: boolean };
       const r = await queue.queueDeployment({
         caller: callerOf(request),

@@ -12,7 +12,7 @@ import { cancelAction } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
-import { branchBuildTags, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, retryTarget } from "./domain/deployments.ts";
+import { branchBuildTags, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
@@ -158,7 +158,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           imageTag: req.imageTag,
           skipPreflight: req.skipPreflight,
         });
-        const services = parseJson(req.servicesJson, "services");
+        const services = requestedServices(parseJson(req.servicesJson, "services"), release.configJson);
         const plan = parseJson(req.placementPlanJson, "placement_plan");
         const dispatched: Dispatched[] = [];
         const action = await ctx.write((em) =>
@@ -175,7 +175,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               runningVersion: release.runningVersion,
             },
             {
-              services: Array.isArray(services) ? services : null,
+              services,
               placementPlan: plan && typeof plan === "object" && !Array.isArray(plan) ? (plan as Record<string, unknown>) : null,
               reason: req.reason || "api",
             },

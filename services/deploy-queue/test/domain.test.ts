@@ -10,6 +10,7 @@ import { choosePlacement, workSubject } from "../src/domain/placement.ts";
 import { isPastPointOfNoReturn, SWAP_COMMIT_PHASE, marksSwapCommit } from "../src/domain/point-of-no-return.ts";
 import { pruneCutoff } from "../src/domain/pruning.ts";
 import { normalizeTypes, resolveLimit } from "../src/domain/queue.ts";
+import { requestedServices } from "../src/domain/deployments.ts";
 import { stuckClass } from "../src/domain/stuck.ts";
 
 const now = new Date("2026-11-20T12:00:00Z");
@@ -231,5 +232,24 @@ describe("lifecycle and limits", () => {
     expect(() => parseBuildRequested({ ...ok, build_id: "nope" })).toThrow(/build_id/);
     expect(() => parseBuildRequested({ ...ok, app_name: "" })).toThrow(/app_name/);
     expect(isUuid(BUILD)).toBe(true);
+  });
+});
+
+describe("the services a deployment names", () => {
+  const config = JSON.stringify({ type: "container", services: { web: {}, worker: {} } });
+  it("takes declared names once each; none named is every service", () => {
+    expect(requestedServices(["web", " web ", "worker"], config)).toEqual(["web", "worker"]);
+    expect(requestedServices(undefined, config)).toBeNull();
+    expect(requestedServices([], config)).toBeNull();
+  });
+
+  it("refuses what is not a name, and a name the release does not declare, with 400", () => {
+    for (const bad of ["web", [123], [{ x: 1 }], [""]]) expect(() => requestedServices(bad, config), JSON.stringify(bad)).toThrow(/list of service names/);
+    try {
+      requestedServices(["web", "nope"], config);
+      expect.unreachable();
+    } catch (err) {
+      expect(err).toMatchObject({ status: 400, detail: { code: "service_not_declared", services: ["nope"] } });
+    }
   });
 });

@@ -54,8 +54,37 @@ export interface ReleaseRef {
   runningVersion?: string;
 }
 
+/**
+ * The services a deployment names (POST /api/deployments `services`): names the release's config
+ * declares, each once; null (every service) when none is named. A name it does not declare is the
+ * spec's 400, said now rather than as a failed deploy on the app's record.
+ */
+export function requestedServices(services: unknown, configJson: string): string[] | null {
+  if (services === null || services === undefined) return null;
+  if (!Array.isArray(services) || services.some((s) => typeof s !== "string" || !s.trim())) {
+    throw PlatformError.badRequest("services must be a list of service names.");
+  }
+  if (services.length === 0) return null;
+  let declared: string[] = [];
+  try {
+    declared = Object.keys((JSON.parse(configJson || "{}") as { services?: Record<string, unknown> }).services ?? {});
+  } catch {
+    // A config that does not parse declares nothing: every name is refused below.
+  }
+  const names = [...new Set((services as string[]).map((s) => s.trim()))];
+  const unknown = names.filter((n) => !declared.includes(n));
+  if (unknown.length > 0) {
+    throw PlatformError.badRequest({
+      code: "service_not_declared",
+      message: `The release's config declares no service ${unknown.map((n) => `'${n}'`).join(", ")}; it declares ${declared.length > 0 ? declared.map((n) => `'${n}'`).join(", ") : "none"}.`,
+      services: unknown,
+    });
+  }
+  return names;
+}
+
 export interface DeploymentInput {
-  services: unknown[] | null;
+  services: string[] | null;
   placementPlan: Record<string, unknown> | null;
   reason: string;
 }
