@@ -108,7 +108,7 @@ export const appSchema = {
     repository: { type: "string" },
     config_path: { type: "string" },
     description: { type: "string" },
-    deploy_status: { type: "string", description: "undeployed until the first deploy; then running, deploying, failed, undeploy_failed..." },
+    deploy_status: { type: "string", description: "undeployed until the first deploy; then running, deploying, failed, undeploying, undeploy_failed. A deploy that ended before an agent claimed it (its build failed or was cancelled) leaves it as it was; last_deploy_status and last_deploy_error tell of it." },
     visibility: { type: "string", enum: ["public", "private"] },
     is_production: { type: "boolean" },
     latest_build: nullableString,

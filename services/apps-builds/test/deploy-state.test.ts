@@ -226,7 +226,8 @@ async function addBuild(app: App, tag: string, config: Record<string, unknown> |
 
 /** An action_updated event for `app`, applied in a transaction; returns the app row as stored. */
 async function apply(app: App, u: Partial<DeployActionUpdate> & Pick<DeployActionUpdate, "action_type" | "status">): Promise<App> {
-  const update: DeployActionUpdate = { action_id: randomUUID(), app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, ...u };
+  // Claimed unless said otherwise: the updates of an action an agent ran.
+  const update: DeployActionUpdate = { action_id: randomUUID(), app_name: app.appName, branch: app.branch, group_slug: app.groupSlug, claimed_at: new Date().toISOString(), ...u };
   const applied = await write((em) => applyDeployUpdate(em, update));
   expect(applied?.id).toBe(app.id);
   return reload(app.id);
@@ -326,6 +327,16 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after.deployWarning).toContain("main-1");
     // last_crash_output holds at most 30 lines per service: the last ones, where the crash is.
     expect(after.lastCrashOutput).toEqual({ web: lines.slice(10) });
+  });
+
+  it("a deploy that failed unclaimed (its build failed) changes nothing that runs: only last_deploy_* tell of it", async () => {
+    const fresh = await registerApp();
+    const never = await apply(fresh, { action_type: "DEPLOY", status: "failed", image_tag: "main-1", claimed_at: null, error_message: "Dependency BUILD b1 failed." });
+    expect(never).toMatchObject({ deployStatus: "undeployed", deployWarning: null, lastDeployStatus: "failed", lastDeployError: "Dependency BUILD b1 failed." });
+
+    const serving = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    const after = await apply(serving, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", claimed_at: null, error_message: "Dependency BUILD b2 failed." });
+    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", deployWarning: null, lastDeployStatus: "failed", lastDeployError: "Dependency BUILD b2 failed." });
   });
 
   it("a failed first deploy (nothing running) has no deploy_warning; no crash output leaves last_crash_output null", async () => {

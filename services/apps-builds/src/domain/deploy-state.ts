@@ -7,7 +7,8 @@
  *   (rule 3: a successful retry reports the retried tag; rule 5: a retry has no build id);
  *   an UNDEPLOY completed clears them (`undeployed`, rule 4);
  * - failed: `failed` (`undeploy_failed`), the running_* fields still naming what serves (rule 4),
- *   and `deploy_warning` when an older version still serves;
+ *   and `deploy_warning` when an older version still serves. A deploy that failed before any
+ *   agent claimed it (its build failed, say) changed nothing that runs: only last_deploy_* say so;
  * - cancelled: back to what it was (`running` when something serves, else `undeployed`).
  *
  * last_deploy_status and last_deploy_error describe the latest such action; last_crash_output
@@ -30,6 +31,8 @@ export interface DeployActionUpdate {
   image_tag?: string | null;
   build_id?: string | null;
   error_message?: string | null;
+  /** Null while no agent has claimed the action: one that ends unclaimed never ran. */
+  claimed_at?: string | null;
   completed_at?: string | null;
   /** When deploy-queue wrote this update: updates apply in this order, whatever order they arrive in. */
   updated_at?: string | null;
@@ -104,6 +107,8 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
     case "failed": {
       const error = u.error_message || (undeploy ? "The undeploy failed." : "The deploy failed.");
       app.lastDeployError = error;
+      // Nothing ran: the deploy status and its warning still describe what serves (or nothing).
+      if (!u.claimed_at) return app;
       if (undeploy) {
         app.deployStatus = "undeploy_failed";
         return app;
