@@ -8,6 +8,13 @@ import type { FastifyError, FastifyInstance } from "fastify";
 import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 
+declare module "fastify" {
+  interface FastifyContextConfig {
+    /** A body past the gateway's limit is this route's 422 `too_large`, not 413 (the config save). */
+    tooLargeIs422?: boolean;
+  }
+}
+
 function validationMessage(err: FastifyError): string {
   const first = err.validation?.[0];
   if (!first) return err.message;
@@ -50,8 +57,14 @@ export function registerErrorHandling(app: FastifyInstance): void {
       });
     }
     switch (err.code) {
-      case "FST_ERR_CTP_BODY_TOO_LARGE":
+      case "FST_ERR_CTP_BODY_TOO_LARGE": {
+        // A route whose spec makes "too large" one of its 422 refusals (the config save) says it so.
+        if (request.routeOptions.config?.tooLargeIs422) {
+          const message = "The request body is larger than the gateway takes; a config is at most 64 KiB.";
+          return reply.code(422).send({ detail: { code: "too_large", message, errors: [{ code: "too_large", message }] } });
+        }
         return reply.code(413).send({ detail: "Request body is too large." });
+      }
       case "FST_ERR_CTP_INVALID_MEDIA_TYPE":
         return reply.code(415).send({ detail: "Unsupported content type; send application/json." });
     }

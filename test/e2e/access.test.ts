@@ -389,6 +389,9 @@ describe("malformed input", () => {
     const huge = await call(api, "POST", "/groups", { credential: root, raw: JSON.stringify({ slug: "x".repeat(2 * 1024 * 1024) }) });
     expect(huge.status).toBe(413);
     expect(huge.body.detail).toEqual(expect.any(String));
+    // The config save lists "too large" among its 422 refusals, however large.
+    const hugeConfig = await call(api, "PUT", "/apps/nothing/config", { credential: root, raw: JSON.stringify({ config_yaml: "x".repeat(2 * 1024 * 1024) }) });
+    expect(hugeConfig).toMatchObject({ status: 422, body: { detail: { code: "too_large" } } });
     const wrong = await call(api, "POST", "/keys", { credential: root, body: { name: "x" } });
     expect(wrong.status).toBe(422);
     expect(wrong.body.detail).toMatchObject({ code: "invalid_request", message: expect.stringContaining("scope") });

@@ -197,7 +197,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
   app.put(
     "/api/apps/:app_name/config",
     {
-      config: { access: { scope: "deploy" } },
+      config: { access: { scope: "deploy" }, tooLargeIs422: true },
       attachValidation: true,
       preValidation: keepSentBody,
       schema: {
