@@ -34,8 +34,8 @@ let bus: Bus;
 const updates: EventEnvelope[] = [];
 
 const caller = (group: string, scope = "deploy") => makeCaller({ kind: "api_key", principalId: `k-${group}-${scope}`, scope, visibleGroups: [group], selectedGroup: group });
-const operator = (selectedGroup = "", explicit = false) =>
-  Object.assign(makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, platformRoot: true, selectedGroup }), { explicit });
+const operator = (selectedGroup = "", explicitGroup = false) =>
+  makeCaller({ kind: "api_key", principalId: "root", scope: "admin", platformOperator: true, platformRoot: true, selectedGroup, explicitGroup });
 const acme = caller("acme");
 const acmeAdmin = caller("acme", "admin");
 const globex = caller("globex");
@@ -540,6 +540,18 @@ describe("prioritize", () => {
     expect(await refusal(client.prioritize({ caller: globex, target: "prio-app" }))).toMatchObject({ status: 404 });
     expect(await refusal(client.prioritize({ caller: globex, target: b.buildId }))).toMatchObject({ status: 404 });
     expect(await refusal(client.prioritize({ caller: acme, target: "" }))).toMatchObject({ status: 422 });
+  });
+
+  it("finds an app for an operator who named no group where one group has it, and asks which when several do", async () => {
+    const a = await queueBuild({ app_name: "op-prio" });
+    expect((await client.prioritize({ caller: operator(), target: "op-prio" })).actionIds.sort()).toEqual([a.buildId, a.deployId].sort());
+    await queueBuild({ app_name: "op-prio", group_slug: "globex" });
+    expect(await refusal(client.prioritize({ caller: operator(), target: "op-prio" }))).toMatchObject({
+      status: 409,
+      detail: { code: "app_in_several_groups", groups: ["acme", "globex"] },
+    });
+    expect((await client.prioritize({ caller: operator("acme", true), target: "op-prio" })).actionIds.sort()).toEqual([a.buildId, a.deployId].sort());
+    expect(await refusal(client.prioritize({ caller: operator(), target: "no-such-app" }))).toMatchObject({ status: 404, detail: expect.stringContaining("in any group") });
   });
 });
 

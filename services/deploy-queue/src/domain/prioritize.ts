@@ -2,11 +2,12 @@
  * Prioritize (spec doc 1 section 4.5): `target` is an action id prefix (that action, and when it
  * is a BUILD its dependent deploy) or an app slug (every live action of the app). It must resolve
  * inside the caller's group: an id in the group the caller acts in (operators: any group), an app
- * in the group the caller acts in. The bumped actions get a priority above every live action of
+ * in the group the caller acts in (an operator who named none: the one group that has the app
+ * queued or running; several is 409 `app_in_several_groups`). The bumped actions get a priority above every live action of
  * their group, so they go first wherever a per-host gate lets fewer through than are waiting.
  */
 import { PlatformError } from "@platform/errors";
-import { canSeeGroup, type Caller } from "@platform/caller";
+import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { LIVE_STATUSES, isTerminal } from "./lifecycle.ts";
@@ -33,6 +34,18 @@ export async function prioritize(em: EntityManager, caller: Caller, rawTarget: s
     if (byId.actionType === "BUILD") {
       targets.push(...(await em.find(Action, { dependsOn: byId.id, status: { $in: LIVE } })));
     }
+  } else if (spansEveryGroup(caller)) {
+    // An operator who named no group: the app in whichever group has it, if only one does.
+    targets = await em.find(Action, { appName: target, status: { $in: LIVE } }, { orderBy: { createdAt: "asc" } });
+    const groups = [...new Set(targets.map((a) => a.groupSlug))].sort();
+    if (groups.length > 1) {
+      throw PlatformError.conflict({
+        code: "app_in_several_groups",
+        message: `App '${target}' has queued or running actions in groups ${groups.map((g) => `'${g}'`).join(", ")}; name one with ?group=.`,
+        groups,
+      });
+    }
+    if (targets.length === 0) throw PlatformError.notFound(`Nothing to prioritize: '${target}' is neither a queued or running action nor an app with one in any group.`);
   } else {
     const group = caller.selectedGroup;
     if (group && canSeeGroup(caller, group)) {
