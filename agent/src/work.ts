@@ -103,8 +103,10 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const { bus, hostId, queue, logger } = opts;
   const streamName = subjects.streams(bus.prefix).work.name;
 
-  /** Actions this process is running: a redelivered message of one of them waits. */
+  /** Actions this process is claiming or running: a redelivered message of one of them waits. */
   const running = new Set<string>();
+  /** The actions this process has claimed and runs, each until it has ended and said so. */
+  const executing = new Map<string, Promise<void>>();
   let stopping = false;
 
   /**
@@ -145,11 +147,26 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     if (running.has(actionId)) return "busy";
     running.add(actionId);
     try {
-      const claim = await queue.claimAction({ actionId, hostId });
-      if (claim.drop) return "dropped";
-      if (!claim.claimed || !claim.action) return "refused";
-      await run(actionId, actionType, claim.action);
-      return "done";
+      for (;;) {
+        const claim = await queue.claimAction({ actionId, hostId });
+        if (claim.drop) return "dropped";
+        if (claim.claimed && claim.action) {
+          const ran = run(actionId, actionType, claim.action);
+          executing.set(actionId, ran.catch(() => undefined));
+          try {
+            await ran;
+          } finally {
+            executing.delete(actionId);
+          }
+          return "done";
+        }
+        // Held back by an action this process runs (a deploy by its build, beside it here): tried
+        // again the moment that one has ended, not after the redelivery delay. An action that runs
+        // waits for nothing, so no two claims wait for each other.
+        const blocker = executing.get(claim.blockingActionId);
+        if (!blocker || stopping) return "refused";
+        await blocker;
+      }
     } finally {
       running.delete(actionId);
     }

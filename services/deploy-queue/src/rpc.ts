@@ -423,6 +423,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           claimed: r.claimed,
           refusalReason: r.refusalReason,
           drop: r.drop,
+          blockingActionId: r.admission?.verdict === "refuse" ? (r.admission.blockingActionId ?? "") : "",
           action: r.claimed ? await view(r.action, now) : undefined,
         };
       },

@@ -231,7 +231,7 @@ describe("claims", () => {
   it("refuses a dependent DEPLOY until its BUILD completes, recording the reason, and clears the reason on claim", async () => {
     const { buildId, deployId } = await queueBuild();
     const refused = await claim(deployId, "h-dep");
-    expect(refused).toMatchObject({ claimed: false, drop: false, refusalReason: `waiting for ${buildId} (queued)` });
+    expect(refused).toMatchObject({ claimed: false, drop: false, refusalReason: `waiting for ${buildId} (queued)`, blockingActionId: buildId });
     let d = await client.getAction({ caller: acme, actionId: deployId });
     expect(d).toMatchObject({ admissionCheckReason: `waiting for ${buildId} (queued)`, stuckClass: "build_in_progress", status: "queued" });
     expect(d.lastAdmissionCheckAt).toBeTruthy();
