@@ -127,7 +127,7 @@ it("tries every waiting action, so a prioritized one takes the next slot and an 
   // A live agent on this host: the work goes to its own subject, where the queue order applies.
   bus.nc.publish(bus.subject(subjects.heartbeat(HOST)), JSON.stringify({ host_id: HOST, version: "0.1.0", schedulable: true, cpus: 2 }));
   await expect.poll(() => queueService.ctx.read((em) => em.findOne(Agent, { hostId: HOST })), { timeout: 5000 }).toBeTruthy();
-  const [d1, d2, d3, d4] = [await builtAndQueued(), await builtAndQueued(), await builtAndQueued(), await builtAndQueued()];
+  const deploys = [await builtAndQueued(), await builtAndQueued(), await builtAndQueued(), await builtAndQueued()];
   const started: string[] = [];
   const finish = new Map<string, () => void>();
   lane = await startLane(
@@ -138,19 +138,24 @@ it("tries every waiting action, so a prioritized one takes the next slot and an 
       }),
   );
   const sql = (query: string, params: unknown[]) => queueService.ctx.write((em) => em.getConnection().execute(query, params, "run", em.getTransactionContext()));
+  try {
+    // Two DEPLOYs at once on a host (which two depends on whose claim came first); the other two
+    // are tried meanwhile, and refused.
+    await expect.poll(() => started.length, { timeout: 15_000 }).toBe(2);
+    const [older, newer] = deploys.filter((id) => !started.includes(id));
+    await expect.poll(async () => (await row(newer!)).admissionCheckReason ?? "", { timeout: 10_000 }).toMatch(/at its limit/);
+    // The newer of the two waiting is prioritized: it takes the next slot, ahead of the older.
+    await sql("update deploy_queue.actions set priority = 1 where id = ?", [newer]);
+    finish.get(started[0]!)!();
+    await expect.poll(() => started.includes(newer!), { timeout: 15_000 }).toBe(true);
+    expect(started.includes(older!)).toBe(false);
 
-  // Two DEPLOYs at once on a host; the other two are tried meanwhile, and refused.
-  await expect.poll(() => [...started].sort(), { timeout: 15_000 }).toEqual([d1, d2].sort());
-  await expect.poll(async () => (await row(d4)).admissionCheckReason ?? "", { timeout: 10_000 }).toMatch(/at its limit/);
-  await sql("update deploy_queue.actions set priority = 1 where id = ?", [d4]);
-  finish.get(d1)!();
-  await expect.poll(() => started.includes(d4), { timeout: 15_000 }).toBe(true);
-  expect(started.includes(d3)).toBe(false);
-
-  // Past the limit once, with an override.
-  await sql("update deploy_queue.actions set admit_force_until = now() + interval '1 minute' where id = ?", [d3]);
-  await expect.poll(() => started.includes(d3), { timeout: 15_000 }).toBe(true);
-  expect((await row(d3)).admitForceUsed).toBe(true);
-  for (const id of [d2, d3, d4]) finish.get(id)!();
-  for (const id of [d1, d2, d3, d4]) await expect.poll(async () => (await row(id)).status, { timeout: 15_000 }).toBe("completed");
+    // Past the limit once, with an override.
+    await sql("update deploy_queue.actions set admit_force_until = now() + interval '1 minute' where id = ?", [older]);
+    await expect.poll(() => started.includes(older!), { timeout: 15_000 }).toBe(true);
+    expect((await row(older!)).admitForceUsed).toBe(true);
+  } finally {
+    for (const done of finish.values()) done();
+  }
+  for (const id of deploys) await expect.poll(async () => (await row(id)).status, { timeout: 15_000 }).toBe("completed");
 });
