@@ -32,8 +32,10 @@ async function advisoryLocks(em: EntityManager, keys: string[]): Promise<void> {
 
 /**
  * What the gates read, in one statement: the dependency's row, an in-progress action of the app
- * lane and a ready one ahead in it, the host's in-flight count and the ready actions ahead in its queue (the last two only for
- * types with a per-host limit). A claim runs it with the row locked, so every read sees one moment.
+ * lane and a ready one ahead in it, the host's in-flight count and the ready actions ahead in its
+ * queue (the last two only for types with a per-host limit). "Ahead" is one order throughout:
+ * higher priority, then older, then the smaller id. A claim runs it with the row locked, so every
+ * read sees one moment.
  */
 const ADMISSION_READS = `select
   (select json_build_object('id', d.id, 'actionType', d.action_type, 'status', d.status) from actions d where d.id = ?::uuid) as dependency,

@@ -3,8 +3,9 @@
  * is a BUILD its dependent deploy) or an app slug (every live action of the app). It must resolve
  * inside the caller's group: an id in the group the caller acts in (operators: any group), an app
  * in the group the caller acts in (an operator who named none: the one group that has the app
- * queued or running; several is 409 `app_in_several_groups`). The bumped actions get a priority above every live action of
- * their group, so they go first wherever a per-host gate lets fewer through than are waiting.
+ * queued or running; several is 409 `app_in_several_groups`). The bumped actions get a priority
+ * above every live action of their group, so they go first wherever a per-host gate lets fewer
+ * through than are waiting.
  */
 import { PlatformError } from "@platform/errors";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
