@@ -107,6 +107,8 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const running = new Set<string>();
   /** The actions this process has claimed and runs, each until it has ended and said so. */
   const executing = new Map<string, Promise<void>>();
+  /** The claims this process has asked for and not yet had answered. */
+  const claiming = new Map<string, Promise<unknown>>();
   let stopping = false;
 
   /**
@@ -147,8 +149,10 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     if (running.has(actionId)) return "busy";
     running.add(actionId);
     try {
-      for (;;) {
-        const claim = await queue.claimAction({ actionId, hostId });
+      for (let waitedOnClaim = false; ; ) {
+        const asked = queue.claimAction({ actionId, hostId });
+        claiming.set(actionId, asked.catch(() => undefined));
+        const claim = await asked.finally(() => claiming.delete(actionId));
         if (claim.drop) return "dropped";
         if (claim.claimed && claim.action) {
           const ran = run(actionId, actionType, claim.action);
@@ -163,9 +167,18 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
         // Held back by an action this process runs (a deploy by its build, beside it here): tried
         // again the moment that one has ended, not after the redelivery delay. An action that runs
         // waits for nothing, so no two claims wait for each other.
+        if (stopping || !claim.blockingActionId) return "refused";
+        // The two may have come in together, the blocker's claim still unanswered: once it is,
+        // the blocker runs here (and is waited for) or not (and this claim is asked once more).
+        const blockerClaim = claiming.get(claim.blockingActionId);
+        if (blockerClaim) await blockerClaim;
         const blocker = executing.get(claim.blockingActionId);
-        if (!blocker || stopping) return "refused";
-        await blocker;
+        if (blocker) {
+          await blocker;
+          continue;
+        }
+        if (!blockerClaim || waitedOnClaim) return "refused";
+        waitedOnClaim = true;
       }
     } finally {
       running.delete(actionId);

@@ -2,7 +2,8 @@
  * The agent's work lane against the real deploy-queue (Postgres, NATS JetStream, Connect): an
  * action that throws is completed as failed once, never run again by a redelivery; a completion
  * the queue could not take is sent again, not the action run again; every waiting action is
- * tried, so the queue's gates choose what runs (priority, admit-force).
+ * tried, so the queue's gates choose what runs (priority, admit-force); an action held back by
+ * one this agent claims or runs is claimed as soon as that one ends.
  */
 import { randomUUID } from "node:crypto";
 import { afterAll, afterEach, beforeAll, expect, it } from "vitest";
@@ -54,10 +55,10 @@ afterAll(async () => {
 const row = (id: string) => queueService.ctx.read((em) => em.findOneOrFail(Action, { id }));
 
 /** A build this host has built, and its DEPLOY waiting for an agent: what the lane will take up. */
-async function builtAndQueued(): Promise<string> {
+async function builtAndQueued(app?: string): Promise<string> {
   const buildId = randomUUID();
   const deployId = randomUUID();
-  const app = `app-${buildId.slice(0, 8)}`;
+  app ??= `app-${buildId.slice(0, 8)}`;
   const data = {
     build_id: buildId,
     deploy_action_id: deployId,
@@ -158,4 +159,28 @@ it("tries every waiting action, so a prioritized one takes the next slot and an 
     for (const done of finish.values()) done();
   }
   for (const id of deploys) await expect.poll(async () => (await row(id)).status, { timeout: 15_000 }).toBe("completed");
+});
+
+it("claims an action held back by one whose claim this agent still awaits as soon as that one ends, not after the redelivery delay", async () => {
+  const app = `app-${randomUUID().slice(0, 8)}`;
+  const first = await builtAndQueued(app);
+  const second = await builtAndQueued(app);
+  // The first deploy's claim is answered late: the second's refusal, naming it, comes back first.
+  const secondAnswers: Array<{ claimed: boolean; blockingActionId: string }> = [];
+  const slow = {
+    ...queue,
+    claimAction: async (req: Parameters<typeof queue.claimAction>[0]) => {
+      const answer = await queue.claimAction(req);
+      if (req.actionId === first) await new Promise((r) => setTimeout(r, 500));
+      if (req.actionId === second) secondAnswers.push({ claimed: answer.claimed, blockingActionId: answer.blockingActionId });
+      return answer;
+    },
+  } as typeof queue;
+  lane = await startLane(async () => ({ status: "completed", error_message: "", result: {} }), { queue: slow });
+  await expect.poll(async () => (await row(second)).status, { timeout: 15_000 }).toBe("completed");
+  const [a, b] = [await row(first), await row(second)];
+  expect(a.status).toBe("completed");
+  expect(secondAnswers[0]).toEqual({ claimed: false, blockingActionId: first });
+  // A refusal sent back to the bus would be tried again only after 2 s.
+  expect(b.claimedAt!.getTime() - a.completedAt!.getTime()).toBeLessThan(1000);
 });
