@@ -564,12 +564,14 @@ export class Deployer {
       emit("info", `Stopped ${service.replicas.length} replica(s)`);
     }
     if (job.action === "start" || job.action === "restart") {
-      for (const r of service.replicas) {
+      // Starting a service that runs is done already: its running replicas are left as they are.
+      const idle = service.replicas.filter((r) => !this.#running(r.id));
+      for (const r of idle) {
         await d.driver.start(r);
         d.supervisor.desire(r);
       }
       service.stopped = false;
-      emit("info", `Started ${service.replicas.length} replica(s)`);
+      emit("info", idle.length > 0 ? `Started ${idle.length} replica(s)` : `Every replica (${service.replicas.length}) was running already`);
     }
     await d.state.setApp(app);
     if (app.hosts.length > 0) await d.router.put(routeOf(app));

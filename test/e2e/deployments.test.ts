@@ -281,6 +281,11 @@ describe("services", () => {
     const start = await call(api, "POST", `/services/${APP}/start`, { credential: acme });
     expect(start.status).toBe(202);
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+    // Starting a service that runs changes nothing, and is no failure.
+    const again = await call(api, "POST", `/services/${APP}/web/start`, { credential: acme });
+    expect(again.status).toBe(202);
+    await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${again.body.action_ids[0]}`, { credential: acme })).body.status, { timeout: 30_000 }).toBe("completed");
+    expect((await viaRouter(`${url}/`)).status).toBe(200);
 
     const restart = await call(api, "POST", `/services/${APP}/web/restart`, { credential: acme });
     expect(restart.status).toBe(202);
@@ -364,7 +369,13 @@ describe("scale, primary services and visibility", () => {
 
   it("re-asserts the route when visibility flips", async () => {
     const url = (await getApp()).urls[0] as string;
-    expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } })).status).toBe(200);
+    const patched = await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } });
+    expect(patched.status).toBe(200);
+    // PATCH answers the single-app response, the latest deploy's and build's outcomes included.
+    const read = await getApp();
+    expect(patched.body.last_build_status).toEqual(expect.any(String));
+    expect(patched.body.last_deploy_status).toEqual(expect.any(String));
+    expect(patched.body.last_build_status).toBe(read.last_build_status);
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(404);
     expect((await getApp()).urls).toEqual([]);
     expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "public" } })).status).toBe(200);

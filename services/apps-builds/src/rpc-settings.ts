@@ -3,8 +3,7 @@ import type { JsonObject } from "@bufbuild/protobuf";
 import { requireCaller } from "@platform/caller";
 import { readConfigLayers, saveAppConfig, setProductionBranch, updateApp } from "./domain/app-settings.ts";
 import type { Overlay } from "./domain/overlay.ts";
-import { buildCounts } from "./domain/builds.ts";
-import { appMsg, bodyOf, routerSettings, type AppsBuildsContext, type Handlers } from "./rpc.ts";
+import { bodyOf, routerSettings, singleAppMsg, type AppsBuildsContext, type Handlers } from "./rpc.ts";
 
 /** An overlay as a `google.protobuf.Struct`: `{path: {value, base}}`. */
 function overlayJson(overlay: Overlay): JsonObject {
@@ -16,11 +15,10 @@ export function settingsHandlers(ctx: AppsBuildsContext): Handlers {
     async updateApp(req) {
       const caller = requireCaller(req.caller);
       const body = bodyOf(req.patch);
-      const r = await ctx.write(async (em) => {
+      return ctx.write(async (em) => {
         const updated = await updateApp(em, caller, req.appName, req.branch || undefined, body);
-        return { ...updated, builds: (await buildCounts(em, [updated.app])).get(updated.app.id) ?? 0 };
+        return { app: await singleAppMsg(em, updated.app, routerSettings(ctx.config)), preflightActionId: updated.preflightActionId ?? undefined };
       });
-      return { app: appMsg(r.app, routerSettings(ctx.config), r.builds), preflightActionId: r.preflightActionId ?? undefined };
     },
 
     async setProductionBranch(req) {

@@ -6,6 +6,7 @@ import { fromJson, toJson } from "@bufbuild/protobuf";
 import { allowFileRepos } from "@platform/config";
 import { AppSchema, AppsBuildsService, BranchSchema, type App as AppMsg } from "@platform/proto";
 import { requireCaller } from "@platform/caller";
+import type { EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
@@ -28,6 +29,12 @@ export function routerSettings(config: { PLATFORM_ENVIRONMENT: string; PLATFORM_
 /** The single-app fields beyond the list shape (spec 2.1). */
 export interface SingleAppExtras {
   lastBuild: Build | null;
+}
+
+/** The single-app response (GET, PATCH, primary-services): the list shape and the latest build's outcome. */
+export async function singleAppMsg(em: EntityManager, app: App, router: RouterSettings): Promise<AppMsg> {
+  const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
+  return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
 }
 
 /** `builds`: the app's build_count (see buildCounts). */
@@ -153,9 +160,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
       async getApp(req) {
         const caller = requireCaller(req.caller);
         return ctx.read(async (em) => {
-          const app = await findApp(em, caller, req.appName, req.branch || undefined);
-          const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
-          return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
+          return singleAppMsg(em, await findApp(em, caller, req.appName, req.branch || undefined), router);
         });
       },
 
@@ -178,9 +183,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
       async setPrimaryServices(req) {
         const caller = requireCaller(req.caller);
         return ctx.write(async (em) => {
-          const app = await setPrimaryServices(em, caller, req.appName, req.branch, req.primary);
-          const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
-          return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
+          return singleAppMsg(em, await setPrimaryServices(em, caller, req.appName, req.branch, req.primary), router);
         });
       },
 
