@@ -51,7 +51,9 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     // A field a route does not know is refused (422), not silently dropped (see closeBody).
     ajv: { customOptions: { removeAdditional: false } },
     schemaController: { compilersFactory: { buildValidator: typedBodyValidator() } },
-    routerOptions: { ignoreTrailingSlash: true },
+    // An id or name past the router's default of 100 characters reaches its route, which says
+    // what is wrong with it (422) or that it names nothing (404), as for any other value.
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 1024 },
     // Every line already carries the request's trace and span ids (the logger's mixin); a child
     // logger per request would only add a request id, at a cost on every request.
     childLoggerFactory: (parent) => parent,

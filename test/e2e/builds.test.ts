@@ -119,6 +119,14 @@ describe("a build on a real agent", () => {
     expect((await call(api, "GET", "/builds?limit=201", { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", `/builds/id/${buildId.slice(0, 7)}`, { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", "/builds/id/zzzzzzzz", { credential: acme })).status).toBe(422);
+    // However long, an id reaches its route, which says what is wrong with it.
+    const long = await call(api, "GET", `/builds/id/${"a".repeat(101)}`, { credential: acme });
+    expect(long).toMatchObject({ status: 422, body: { detail: expect.stringContaining("at most 36 characters") } });
+    expect((await call(api, "GET", `/apps/${"a".repeat(129)}`, { credential: acme })).status).toBe(404);
+    expect(await call(api, "GET", `/logs?deployment_id=${"a".repeat(65)}`, { credential: acme })).toMatchObject({
+      status: 422,
+      body: { detail: "deployment_id must be at most 64 characters." },
+    });
   });
 
   it("answers 404, never 403, to another group on every build route", async () => {

@@ -238,7 +238,7 @@ export function buildRoutes(
       } catch (err) {
         if (platformErrorOf(err)?.status !== 404) throw err;
         // No builds row: the queue may still know the action (a build that failed before its record).
-        const missing = () => PlatformError.notFound(`No build and no queue action matches '${build_id}'`);
+        const missing = () => PlatformError.notFound(`No build and no BUILD queue action matches '${build_id}'`);
         let action: Action;
         try {
           action = await queue.getAction({ caller, actionId: build_id });

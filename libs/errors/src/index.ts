@@ -54,6 +54,20 @@ export function scopeRequired(required: string, actual: string): PlatformError {
   return PlatformError.forbidden(`Scope '${required}' required, you have '${actual}'`);
 }
 
+const ID_PREFIX = /^[0-9a-f-]{8,36}$/i;
+
+/** An id, or its prefix of at least 8 hex-or-hyphen characters (spec doc 1 section 8). */
+export function isIdPrefix(id: string): boolean {
+  return ID_PREFIX.test(id);
+}
+
+/** The id prefix lowercased; 422 saying what is wrong with it otherwise. `noun`: "a build id". */
+export function checkIdPrefix(id: string, noun: string): string {
+  if (isIdPrefix(id)) return id.toLowerCase();
+  const why = id.length < 8 ? "give at least 8 characters" : id.length > 36 ? "an id has at most 36 characters" : "use hex digits and hyphens only";
+  throw PlatformError.invalid(`'${id}' is not ${noun}: ${why}.`);
+}
+
 const CODE_BY_STATUS: Record<number, Code> = {
   400: Code.InvalidArgument,
   401: Code.Unauthenticated,

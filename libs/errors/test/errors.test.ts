@@ -2,7 +2,7 @@ import { describe, it, expect } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { ErrorDetailSchema, type ErrorDetail } from "@platform/proto";
-import { INVALID_CREDENTIAL, PlatformError, fromConnectError, scopeRequired, toConnectError, type Detail } from "../src/index.ts";
+import { INVALID_CREDENTIAL, PlatformError, checkIdPrefix, fromConnectError, scopeRequired, toConnectError, type Detail } from "../src/index.ts";
 
 /** What a client receives: the detail as bytes with its type name, not the in-process object. */
 function overTheWire(err: ConnectError): ConnectError {
@@ -105,5 +105,26 @@ describe("a bare ConnectError", () => {
     expect(fromConnectError(new ConnectError(secret, Code.DeadlineExceeded)).detail).toBe("A platform service did not answer in time.");
     expect(fromConnectError(new ConnectError(secret, Code.Unavailable)).detail).toBe("A platform service is unavailable.");
     expect(fromConnectError(new ConnectError(secret, Code.Internal)).detail).toBe("Internal server error.");
+  });
+});
+
+describe("checkIdPrefix", () => {
+  it("takes a whole id or 8 or more of its first characters, lowercased", () => {
+    expect(checkIdPrefix("0A1B2C3D", "a build id")).toBe("0a1b2c3d");
+    expect(checkIdPrefix("0a1b2c3d-0000-4000-8000-000000000000", "a build id")).toBe("0a1b2c3d-0000-4000-8000-000000000000");
+  });
+
+  it("refuses with 422 saying what is wrong", () => {
+    const refusal = (id: string) => {
+      try {
+        checkIdPrefix(id, "an action id");
+      } catch (err) {
+        return { status: (err as PlatformError).status, detail: (err as PlatformError).detail };
+      }
+      return null;
+    };
+    expect(refusal("0a1b2c3")).toEqual({ status: 422, detail: "'0a1b2c3' is not an action id: give at least 8 characters." });
+    expect(refusal("a".repeat(37))).toEqual({ status: 422, detail: `'${"a".repeat(37)}' is not an action id: an id has at most 36 characters.` });
+    expect(refusal("0a1b2c3%")).toEqual({ status: 422, detail: "'0a1b2c3%' is not an action id: use hex digits and hyphens only." });
   });
 });

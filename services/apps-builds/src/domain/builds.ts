@@ -3,7 +3,7 @@
  * tag generation, build_count), reads by id prefix and tag, and following the queue's lifecycle.
  */
 import { randomBytes, randomUUID } from "node:crypto";
-import { PlatformError } from "@platform/errors";
+import { PlatformError, checkIdPrefix } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { subjects, type BuildRequested } from "@platform/bus";
@@ -316,18 +316,8 @@ export async function buildCounts(em: EntityManager, apps: App[]): Promise<Map<s
   return counts;
 }
 
-const ID_PREFIX = /^[0-9a-f-]{8,36}$/i;
-
-/** Ids may be given as a prefix of at least 8 hex-or-hyphen characters (spec doc 1 section 8). */
-export function checkIdPrefix(id: string): string {
-  if (!ID_PREFIX.test(id)) {
-    throw PlatformError.invalid(`'${id}' is not a build id: give at least 8 characters, hex digits or hyphens only.`);
-  }
-  return id.toLowerCase();
-}
-
 export async function findBuildByPrefix(em: EntityManager, caller: Caller, id: string): Promise<Build | null> {
-  const prefix = checkIdPrefix(id);
+  const prefix = checkIdPrefix(id, "a build id");
   const rows = await em
     .getConnection()
     .execute<{ id: string; group_slug: string }[]>("select id, group_slug from builds where id::text like ? limit 50", [`${prefix}%`], "all", em.getTransactionContext());

@@ -5,10 +5,10 @@
  * caller needs admin scope and must own the action (operators own everything); anything else,
  * including a malformed or too-short id, is the same 404.
  */
-import { PlatformError } from "@platform/errors";
+import { PlatformError, isIdPrefix } from "@platform/errors";
 import { actorOf, hasScope, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
-import { actionNotFound, canAct, findActionByPrefix, isIdPrefix } from "./lookup.ts";
+import { actionNotFound, canAct, findActionByPrefix } from "./lookup.ts";
 
 export const ADMIT_FORCE_TTL = { min: 60, max: 3600, default: 300 } as const;
 const MAX_REASON = 500;

@@ -4,23 +4,14 @@
  * group's ids all answer the same 404: the API never confirms another tenant's action exists.
  */
 import { LockMode } from "@mikro-orm/core";
-import { PlatformError } from "@platform/errors";
+import { PlatformError, checkIdPrefix } from "@platform/errors";
 import { canSeeGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 
-const ID_PREFIX = /^[0-9a-f-]{8,36}$/i;
-
-export function isIdPrefix(id: string): boolean {
-  return ID_PREFIX.test(id);
-}
-
-/** 422 for a short or wildcard-shaped id; the normalised prefix otherwise. */
+/** 422 for a short, long or wildcard-shaped id; the normalised prefix otherwise. */
 export function checkActionIdPrefix(id: string): string {
-  if (!isIdPrefix(id)) {
-    throw PlatformError.invalid(`'${id}' is not an action id: give at least 8 characters, hex digits or hyphens only.`);
-  }
-  return id.toLowerCase();
+  return checkIdPrefix(id, "an action id");
 }
 
 export function actionNotFound(id: string): PlatformError {

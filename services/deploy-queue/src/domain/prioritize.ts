@@ -7,12 +7,12 @@
  * above every live action of their group, so they go first wherever a per-host gate lets fewer
  * through than are waiting.
  */
-import { PlatformError } from "@platform/errors";
+import { PlatformError, isIdPrefix } from "@platform/errors";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { LIVE_STATUSES, isTerminal } from "./lifecycle.ts";
-import { canAct, findActionByPrefix, isIdPrefix } from "./lookup.ts";
+import { canAct, findActionByPrefix } from "./lookup.ts";
 
 const LIVE = [...LIVE_STATUSES];
 

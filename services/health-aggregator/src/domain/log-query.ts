@@ -5,7 +5,7 @@
  */
 import { PlatformError } from "@platform/errors";
 import { spansEveryGroup, type Caller } from "@platform/caller";
-import { LOG_LEVELS, LOG_SOURCES, isHexOrHyphenId, type LogLevel, type LogSource } from "@platform/logship";
+import { LOG_LEVELS, LOG_SOURCES, MAX_ID_CHARS, isHexOrHyphenId, type LogLevel, type LogSource } from "@platform/logship";
 
 export const DEFAULT_LIMIT = 100;
 export const MAX_LIMIT = 1000;
@@ -76,7 +76,9 @@ export function parseSince(value: string | undefined, now: Date): Date {
 export function checkLogId(field: string, value: string | undefined): string | null {
   const id = (value ?? "").trim();
   if (!id) return null;
-  if (!isHexOrHyphenId(id)) throw PlatformError.invalid(`${field} must contain only hex digits and hyphens.`);
+  if (!isHexOrHyphenId(id)) {
+    throw PlatformError.invalid(id.length > MAX_ID_CHARS ? `${field} must be at most ${MAX_ID_CHARS} characters.` : `${field} must contain only hex digits and hyphens.`);
+  }
   return id.toLowerCase();
 }
 
