@@ -3,8 +3,9 @@
  * a parsed YAML document (after alias resolution, so an alias counts every time it is used) and on
  * a config submitted as a JSON object.
  */
+import { Document } from "yaml";
 import { formatConfigPath, type PathSegment } from "./path.ts";
-import { MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, type ConfigProblem } from "./types.ts";
+import { MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, type ConfigProblem } from "./types.ts";
 
 /**
  * Depth counts collections: the root mapping is depth 1, `storage.drives[0]` is depth 4. Nodes
@@ -58,4 +59,15 @@ export function checkConfigBounds(
 
   const problem = visit(value, 0);
   return problem ? [problem] : [];
+}
+
+/**
+ * The size bound on a config submitted as a JSON object: at most MAX_CONFIG_BYTES written as YAML,
+ * the bound its YAML form has, so that a config saved in one form can be saved back in the other
+ * (effective_yaml). Call after checkConfigBounds: the node bound keeps the rendering small.
+ */
+export function checkConfigSize(value: unknown): ConfigProblem[] {
+  const size = Buffer.byteLength(new Document(value).toString({ lineWidth: 0 }), "utf8");
+  if (size <= MAX_CONFIG_BYTES) return [];
+  return [{ code: "too_large", message: `The config is larger than ${MAX_CONFIG_BYTES} bytes (64 KiB) written as YAML (${size} bytes).` }];
 }

@@ -4,7 +4,7 @@
  */
 export * from "./types.ts";
 export { formatConfigPath, parseConfigPath, isPathElementName, type PathSegment } from "./path.ts";
-export { checkConfigBounds } from "./bounds.ts";
+export { checkConfigBounds, checkConfigSize } from "./bounds.ts";
 export { checkCronSchedule } from "./cron.ts";
 export { validateAppConfig, checkAppConfig, isMapping, NAME_PATTERN } from "./validate.ts";
 export {

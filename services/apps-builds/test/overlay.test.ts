@@ -371,10 +371,14 @@ describe("readSaveConfigBody", () => {
     expect(errors[0]?.code).toBe(code);
   });
 
-  it("bounds a config object: depth and node count", () => {
+  it("bounds a config object: depth, node count and its size written as YAML", () => {
     const deep = (n: number): unknown => (n === 0 ? 1 : { a: deep(n - 1) });
     expect(refused(readSaveConfigBody({ config: deep(17) }))[0]?.code).toBe("too_deep");
     expect(refused(readSaveConfigBody({ config: { a: Array(10_001).fill(0) } }))[0]?.code).toBe("too_many_nodes");
+    // 30 services of 4,000 characters each: few nodes, far past 64 KiB, in either form.
+    const services = Object.fromEntries(Array.from({ length: 30 }, (_, i) => [`s${i}`, { run: "x".repeat(4000), port: 3000 + i }]));
+    expect(refused(readSaveConfigBody({ config: { services } }))[0]).toMatchObject({ code: "too_large", message: expect.stringContaining("64 KiB") });
+    expect(ok(readSaveConfigBody({ config: { services: { s0: services.s0 } } })).submitted).toEqual({ services: { s0: services.s0 } });
   });
 
   it("reports a YAML syntax error with line and column", () => {

@@ -27,6 +27,7 @@
 import {
   checkAppConfig,
   checkConfigBounds,
+  checkConfigSize,
   formatConfigPath,
   isPathElementName,
   parseConfigPath,
@@ -394,6 +395,8 @@ export function readSaveConfigBody(body: unknown): SaveConfigBodyResult {
   if (!isObject(config)) {
     return { ok: false, errors: [{ code: "not_a_mapping", message: "config must be an object of keys to values." }] };
   }
+  const size = checkConfigSize(config);
+  if (size.length > 0) return { ok: false, errors: size };
   return { ok: true, submitted: config };
 }
 
