@@ -45,8 +45,8 @@ export interface Lease {
 
 /**
  * What a request for (or a confirmation of) a lease comes to. `renamed` and `deleted` describe a
- * group that changed while the caller waited for it or held its lease; `not_found` a slug that
- * names no group to begin with.
+ * group that changed while the caller waited for it or held its lease (`renamed` also a slug a
+ * rename had just retired when the request came); `not_found` a slug that names no group.
  */
 export type LeaseOutcome =
   | { outcome: "granted" | "held"; lease: Lease }
@@ -114,6 +114,13 @@ async function formerSlugs(em: EntityManager, groupId: string): Promise<string[]
   return rows.map((r) => r.slug);
 }
 
+/** The slug now of the group a rename took `former` from; null when no group had it. */
+async function currentSlugOf(em: EntityManager, former: string): Promise<string | null> {
+  const retired = await em.findOne(FormerGroupSlug, { slug: former });
+  if (!retired) return null;
+  return (await em.findOne(Group, { id: retired.groupId }, { fields: ["slug"] }))?.slug ?? null;
+}
+
 /** The group's leases, and those still live; expired ones other than `keep` are dropped on the way. */
 async function leasesOf(em: EntityManager, groupId: string, now: Date, keep?: string): Promise<{ rows: GroupLease[]; live: GroupLease[] }> {
   const rows = await em.find(GroupLease, { groupId });
@@ -134,7 +141,13 @@ type Attempt = LeaseOutcome | { outcome: "waiting"; groupId: string; queuedId: s
  */
 async function attempt(em: EntityManager, req: LeaseRequest & { mode: LeaseMode }, waitingOn: { groupId: string; queuedId: string | null } | null, now: Date): Promise<Attempt> {
   const group = await lockGroup(em, waitingOn ? { id: waitingOn.groupId } : { slug: req.groupSlug });
-  if (!group) return { outcome: waitingOn ? "deleted" : "not_found" };
+  if (!group && waitingOn) return { outcome: "deleted" };
+  if (!group) {
+    // A slug a rename retired: the caller read it before the rename committed (a credential
+    // resolved a moment earlier), so the group was renamed during its request.
+    const current = await currentSlugOf(em, req.groupSlug);
+    return current ? { outcome: "renamed", groupSlug: current } : { outcome: "not_found" };
+  }
   const { live } = await leasesOf(em, group.id, now);
   const queued = live.find((l) => l.id === waitingOn?.queuedId) ?? null;
   if (group.slug !== req.groupSlug) {
