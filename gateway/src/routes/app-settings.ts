@@ -83,7 +83,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
               maxLength: 512,
               description:
                 "`<app>:<branch>:<selector>`, consumed on the first deploy; the source must be this app or an app in the same group " +
-                "(else 404); null clears it. Refused (409 `app_running`) while the branch runs.",
+                "(else 404); null clears it. Refused (409 `app_running`) while the branch runs, and (409 `already_seeded`) once its first deploy has happened.",
             },
             visibility: { type: "string", enum: ["public", "private"] },
             force_remove_domains: { type: "boolean", description: "Accepted; needed to flip private while custom domains are attached." },
@@ -91,7 +91,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
         },
         response: {
           200: { $ref: "App#" },
-          409: refusal("`app_running`: a seed reference on a running branch."),
+          409: refusal("`app_running`: a seed reference on a running branch; `already_seeded`: on a branch whose first deploy has happened."),
           ...authErrors,
           ...bodyErrors,
         },

@@ -250,6 +250,16 @@ describe("PATCH an app", () => {
       expect((await row("web", "main")).seedFromReference).toBeNull();
       await setRow("web", "main", { deployStatus: "undeployed" });
     });
+
+    it("refuses a reference once the branch's first deploy has happened (409), even undeployed since", async () => {
+      const firstDeployedAt = new Date("2026-11-01T10:00:00Z");
+      await setRow("web", "main", { deployStatus: "undeployed", firstDeployedAt });
+      const r = await refusal(patch({ seed_from_reference: "web:staging:latest" }));
+      expect(r).toMatchObject({ status: 409, detail: { code: "already_seeded", first_deployed_at: firstDeployedAt.toISOString() } });
+      expect((await row("web", "main")).seedFromReference).toBeNull();
+      await patch({ seed_from_reference: null });
+      await setRow("web", "main", { firstDeployedAt: null });
+    });
   });
 
   it("refuses unknown fields (422) and applies nothing of the body", async () => {
@@ -305,6 +315,18 @@ describe("PATCH an app", () => {
     expect(String(foreign.detail)).toBe(String(unknown.detail).replace("ghost", "web"));
     expect((await refusal(patch({ display_name: "x" }, { app: "web", caller: globex, branch: "" }))).status).toBe(404);
     expect((await row("web", "main")).displayName).not.toBe("x");
+  });
+});
+
+describe("scale", () => {
+  it("refuses a scale while preflight quarantines the app (409), saving nothing", async () => {
+    await setRow("api", "main", { baseConfig: repoConfig(), overlay: {}, deployStatus: "running", runningVersion: "main-1", preflightStatus: "config_invalid" });
+    const scale = () => client.setServiceReplicas({ caller: acme, appName: "api", branch: "main", service: "web", replicas: 2 });
+    expect(await refusal(scale())).toMatchObject({ status: 409, detail: { code: "preflight_quarantined" } });
+    expect((await row("api", "main")).overlay).toEqual({});
+    await setRow("api", "main", { preflightStatus: "ready" });
+    expect(await scale()).toMatchObject({ previous: 1, requested: 2, noop: false, overlayPaths: ["services.web.replicas"] });
+    await setRow("api", "main", { baseConfig: null, overlay: {}, deployStatus: "undeployed", runningVersion: null, preflightStatus: "pending" });
   });
 });
 

@@ -253,6 +253,10 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     });
     expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", runningBuildId: buildId, lastDeployStatus: "completed", lastDeployError: null });
     expect(after.runningSince?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
+    // The branch's first deploy: the one a seed reference is consumed by. Later ones keep its time.
+    expect(after.firstDeployedAt?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
+    const later = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-2", completed_at: "2026-11-21T12:00:00.000Z" });
+    expect(later.firstDeployedAt?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
   });
 
   it("applies updates in the order deploy-queue wrote them, not the order they arrive in", async () => {
@@ -329,14 +333,20 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after.lastCrashOutput).toEqual({ web: lines.slice(10) });
   });
 
-  it("a deploy that failed unclaimed (its build failed) changes nothing that runs: only last_deploy_* tell of it", async () => {
+  it("a deploy that failed unclaimed (its build failed) changes nothing that runs: last_deploy_* and the warning tell of it", async () => {
     const fresh = await registerApp();
     const never = await apply(fresh, { action_type: "DEPLOY", status: "failed", image_tag: "main-1", claimed_at: null, error_message: "Dependency BUILD b1 failed." });
     expect(never).toMatchObject({ deployStatus: "undeployed", deployWarning: null, lastDeployStatus: "failed", lastDeployError: "Dependency BUILD b1 failed." });
 
     const serving = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
     const after = await apply(serving, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", claimed_at: null, error_message: "Dependency BUILD b2 failed." });
-    expect(after).toMatchObject({ deployStatus: "running", runningVersion: "main-1", deployWarning: null, lastDeployStatus: "failed", lastDeployError: "Dependency BUILD b2 failed." });
+    expect(after).toMatchObject({
+      deployStatus: "running",
+      runningVersion: "main-1",
+      deployWarning: "The deploy of main-2 failed (Dependency BUILD b2 failed.); main-1 still serves.",
+      lastDeployStatus: "failed",
+      lastDeployError: "Dependency BUILD b2 failed.",
+    });
   });
 
   it("a failed first deploy (nothing running) has no deploy_warning; no crash output leaves last_crash_output null", async () => {

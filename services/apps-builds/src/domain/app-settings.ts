@@ -14,8 +14,8 @@
  *   through the save pipeline (validated against the one schema, omissions refused). When a PATCH
  *   sets `deploy_config` and omits a feature flag, the flag is derived from the deploy config's
  *   `database`/`cache`/`email` section when it has one (`{enabled: boolean}`), else kept.
- * - `seed_from_reference` is refused while the branch is running or deploying (the seed is only
- *   consumed by a first deploy). Its source `<app>:<branch>:<selector>` must be a registered
+ * - `seed_from_reference` is refused while the branch is running or deploying, and once its first
+ *   deploy has happened (the seed is only consumed by a first deploy). Its source `<app>:<branch>:<selector>` must be a registered
  *   branch of this app or of an app in the same group; anything else is 404.
  * - A `visibility` change is stored at once. The live route follows it at the next deploy (no
  *   reconcile can be queued yet), which is recorded in the app's `warnings` while something may
@@ -309,7 +309,8 @@ export function applySettings(app: App, patch: AppPatch): void {
 /**
  * PATCH /api/apps/{app_name}?branch=: applies a body read by `readAppPatch`. 404 for an unknown
  * app or branch (another group's included); 409 `app_running` for a seed reference on a running
- * branch; 404 when the seed's source is not this app or an app of the same group.
+ * branch, `already_seeded` on one whose first deploy has happened; 404 when the seed's source is
+ * not this app or an app of the same group.
  */
 export async function updateApp(
   em: EntityManager,
@@ -328,6 +329,13 @@ export async function updateApp(
         code: "app_running",
         message: `Branch '${app.branch}' of '${app.appName}' is ${app.deployStatus}; a seed is consumed only by a first deploy, so it cannot be set now.`,
         deploy_status: app.deployStatus,
+      });
+    }
+    if (app.firstDeployedAt) {
+      throw PlatformError.conflict({
+        code: "already_seeded",
+        message: `Branch '${app.branch}' of '${app.appName}' had its first deploy on ${app.firstDeployedAt.toISOString()}; a seed is consumed only by a first deploy, so it cannot be set now.`,
+        first_deployed_at: app.firstDeployedAt.toISOString(),
       });
     }
     const source = await em.findOne(App, { appName: seed.parsed.app, branch: seed.parsed.branch, groupSlug: app.groupSlug });

@@ -101,26 +101,32 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         }
         app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
         app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
+        app.firstDeployedAt ??= app.runningSince;
         app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
       }
       return app;
     case "failed": {
       const error = u.error_message || (undeploy ? "The undeploy failed." : "The deploy failed.");
       app.lastDeployError = error;
-      // Nothing ran: the deploy status and its warning still describe what serves (or nothing).
-      if (!u.claimed_at) return app;
       if (undeploy) {
-        app.deployStatus = "undeploy_failed";
+        if (u.claimed_at) app.deployStatus = "undeploy_failed";
         return app;
       }
-      app.deployStatus = "failed";
-      app.lastCrashOutput = crashOutput(u.result);
       // A redeploy of the running tag (a scale, say) that fails leaves the running release serving too.
-      app.deployWarning = !app.runningVersion
+      const warning = !app.runningVersion || app.deployStatus === "undeployed"
         ? null
         : app.runningVersion !== u.image_tag
           ? `The deploy of ${u.image_tag ?? "a new version"} failed (${error}); ${app.runningVersion} still serves.`
           : `A new deploy of ${u.image_tag} failed (${error}); the release that was already running still serves.`;
+      // Nothing ran (its build failed, say): the deploy status still describes what serves; only
+      // the warning tells of the newer deploy that failed.
+      if (!u.claimed_at) {
+        if (warning) app.deployWarning = warning;
+        return app;
+      }
+      app.deployStatus = "failed";
+      app.lastCrashOutput = crashOutput(u.result);
+      app.deployWarning = warning;
       return app;
     }
     case "cancelled":

@@ -6,7 +6,7 @@
  * checks what is in flight before and redeploys the running image after. A count the service
  * already declares writes nothing (a no-op). An overlay that would replace a whole section and
  * drop repository fields is refused with their paths. The preflight is not re-run: the
- * repository did not change.
+ * repository did not change; but an app it quarantines is not scaled (409, as for any deploy).
  *
  * Primary services are per-service overrides read by every URL computation (front-door.ts):
  * a service marked not primary keeps its URL but is left out of the app's `urls`.
@@ -18,6 +18,7 @@ import type { App } from "../entities/index.ts";
 import { findApp } from "./apps.ts";
 import { lockApp } from "./app-settings.ts";
 import { appConfigOf } from "./front-door.ts";
+import { requirePreflightPassed } from "./preflight.ts";
 import { overlayWouldDropFields, setOverlayEntry, type BaseConfig, type Overlay } from "./overlay.ts";
 
 export const REPLICAS = { min: 1, max: 3 } as const;
@@ -48,6 +49,8 @@ export async function setServiceReplicas(em: EntityManager, caller: Caller, appN
   const previous = declared.replicas ?? 1;
   const path = `services.${service}.replicas`;
   if (previous === replicas) return { app, service, previous, requested: replicas, noop: true, overlayPaths: Object.keys(app.overlay ?? {}) };
+  // A scale is a deploy of the running image: refused, nothing saved, while preflight quarantines the app.
+  requirePreflightPassed(app);
   const base = (app.baseConfig ?? null) as BaseConfig;
   const overlay = setOverlayEntry(base, (app.overlay ?? {}) as Overlay, path, replicas);
   const removed = overlayWouldDropFields(base, overlay);

@@ -37,6 +37,8 @@ export const AppSchema = defineEntity({
     runningVersion: p.text().nullable(),
     runningBuildId: p.uuid().nullable(),
     runningSince: p.datetime().nullable(),
+    /** When the branch's first deploy completed (a seed reference is consumed by it). */
+    firstDeployedAt: p.datetime().nullable(),
     databaseEnabled: p.boolean(),
     cacheEnabled: p.boolean(),
     emailEnabled: p.boolean(),

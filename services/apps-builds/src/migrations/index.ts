@@ -7,6 +7,7 @@ import { settingsMigrations } from "./0005_app_settings.ts";
 import { cloneDataMigrations } from "./0006_clone_data.ts";
 import { deploymentMigrations } from "./0007_deployments.ts";
 import { deployUpdateOrderMigrations } from "./0008_deploy_update_order.ts";
+import { firstDeployMigrations } from "./0009_first_deploy.ts";
 
 export const appsBuildsMigrations = [
   ...migrations,
@@ -17,4 +18,5 @@ export const appsBuildsMigrations = [
   ...cloneDataMigrations,
   ...deploymentMigrations,
   ...deployUpdateOrderMigrations,
+  ...firstDeployMigrations,
 ];
