@@ -226,7 +226,7 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
   if (latest?.actionType === "UNDEPLOY") {
     throw PlatformError.conflict({
       code: "nothing_to_retry",
-      message: `'${appName}' (branch ${branch}) was undeployed after its last deploy: there is nothing to retry; deploy it again instead.`,
+      message: `The latest action of '${appName}' (branch ${branch}) is an undeploy (${latest.status}), after its last deploy: there is nothing to retry; deploy it again instead.`,
     });
   }
   if (!latest || latest.status !== "failed") {
