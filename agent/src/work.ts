@@ -25,6 +25,10 @@ const BUSY_RETRY_MS = 60_000;
  * not keep a prioritized or admit-forced action behind it from being claimed.
  */
 const WORK_CONCURRENCY = 8;
+/** How many ended actions the lane remembers, to tell a claim refused on account of one just ended. */
+const ENDED_KEPT = 1000;
+/** How often in a row a claim is asked again at once because its blocker has just moved on. */
+const ASK_AGAIN_MAX = 3;
 /** How often a running action tells the queue it is alive (stuck_class). */
 const ALIVE_REPORT_MS = 20_000;
 /** How long a phase report is tried again while the queue is out of reach (a restart, say). */
@@ -109,6 +113,8 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const executing = new Map<string, Promise<void>>();
   /** The claims this process has asked for and not yet had answered. */
   const claiming = new Map<string, Promise<unknown>>();
+  /** The actions this process has lately run to their end, oldest first (at most ENDED_KEPT). */
+  const ended = new Set<string>();
   let stopping = false;
 
   /**
@@ -149,7 +155,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     if (running.has(actionId)) return "busy";
     running.add(actionId);
     try {
-      for (let waitedOnClaim = false; ; ) {
+      for (let askedAgain = 0; ; ) {
         const asked = queue.claimAction({ actionId, hostId });
         claiming.set(actionId, asked.catch(() => undefined));
         const claim = await asked.finally(() => claiming.delete(actionId));
@@ -161,24 +167,28 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
             await ran;
           } finally {
             executing.delete(actionId);
+            ended.add(actionId);
+            if (ended.size > ENDED_KEPT) ended.delete(ended.values().next().value!);
           }
           return "done";
         }
         // Held back by an action this process runs (a deploy by its build, beside it here): tried
         // again the moment that one has ended, not after the redelivery delay. An action that runs
         // waits for nothing, so no two claims wait for each other.
-        if (stopping || !claim.blockingActionId) return "refused";
+        const blocking = claim.blockingActionId;
+        if (stopping || !blocking) return "refused";
         // The two may have come in together, the blocker's claim still unanswered: once it is,
-        // the blocker runs here (and is waited for) or not (and this claim is asked once more).
-        const blockerClaim = claiming.get(claim.blockingActionId);
+        // the blocker runs here (and is waited for) or not.
+        const blockerClaim = claiming.get(blocking);
         if (blockerClaim) await blockerClaim;
-        const blocker = executing.get(claim.blockingActionId);
+        const blocker = executing.get(blocking);
         if (blocker) {
           await blocker;
           continue;
         }
-        if (!blockerClaim || waitedOnClaim) return "refused";
-        waitedOnClaim = true;
+        // Its claim answered, or it ended here, while this claim was on its way: asked once more.
+        if ((blockerClaim || ended.has(blocking)) && askedAgain++ < ASK_AGAIN_MAX) continue;
+        return "refused";
       }
     } finally {
       running.delete(actionId);

@@ -211,8 +211,8 @@ describe("lifecycle and limits", () => {
   it("wants id prefixes of at least 8 hex-or-hyphen characters", () => {
     expect(checkActionIdPrefix("ABCDEF12")).toBe("abcdef12");
     expect(() => checkActionIdPrefix("abcdef1")).toThrow(/at least 8/);
-    expect(() => checkActionIdPrefix("abcdef1%")).toThrow(/at least 8/);
-    expect(() => checkActionIdPrefix("ghijklmn")).toThrow(/at least 8/);
+    expect(() => checkActionIdPrefix("abcdef1%")).toThrow(/hex digits and hyphens only/);
+    expect(() => checkActionIdPrefix("ghijklmn")).toThrow(/hex digits and hyphens only/);
   });
 
   it("places the point of no return at the swap commit of a deploy", () => {
