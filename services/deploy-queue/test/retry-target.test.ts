@@ -58,7 +58,7 @@ describe("retryTarget", () => {
   it("refuses nothing_to_retry when the branch was undeployed after its failed deploy", async () => {
     await action("cart", "DEPLOY", "failed", 10);
     await action("cart", "UNDEPLOY", "completed", 5);
-    await expect(target("cart")).rejects.toMatchObject({ status: 409, detail: { code: "nothing_to_retry", message: expect.stringContaining("undeployed") } });
+    await expect(target("cart")).rejects.toMatchObject({ status: 409, detail: { code: "nothing_to_retry", message: expect.stringContaining("is an undeploy (completed)") } });
   });
 
   it("refuses nothing_to_retry when the latest deployment did not fail", async () => {
