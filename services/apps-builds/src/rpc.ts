@@ -33,6 +33,8 @@ export interface SingleAppExtras {
 
 /** The single-app response (GET, PATCH, primary-services): the list shape and the latest build's outcome. */
 export async function singleAppMsg(em: EntityManager, app: App, router: RouterSettings): Promise<AppMsg> {
+  // After a write, the answer is the row as stored: updated_at is set when the change is flushed.
+  await em.flush();
   const lastBuild = await em.findOne(Build, { appId: app.id }, { orderBy: { createdAt: "desc" } });
   return appMsg(app, router, (await buildCounts(em, [app])).get(app.id) ?? 0, { lastBuild });
 }

@@ -129,6 +129,9 @@ describe("PATCH an app", () => {
     expect(after).toMatchObject({ displayName: "Web Shop", description: "The shop front.", cacheEnabled: true, emailEnabled: true, databaseEnabled: false });
     expect(after.configPath).toBe(before.configPath);
     expect(after.preflightNonce).toBe(before.preflightNonce);
+    // The answer is the app as the write left it, its updated_at included.
+    expect(r.app?.updatedAt).toBe(after.updatedAt.toISOString());
+    expect(after.updatedAt.getTime()).toBeGreaterThan(before.updatedAt.getTime());
     // The other branch is another row.
     expect((await row("web", "staging")).displayName).toBe("web");
   });
