@@ -67,7 +67,12 @@ export function checkConfigBounds(
  * (effective_yaml). Call after checkConfigBounds: the node bound keeps the rendering small.
  */
 export function checkConfigSize(value: unknown): ConfigProblem[] {
-  const size = Buffer.byteLength(new Document(value).toString({ lineWidth: 0 }), "utf8");
+  const size = utf8Length(new Document(value).toString({ lineWidth: 0 }));
   if (size <= MAX_CONFIG_BYTES) return [];
   return [{ code: "too_large", message: `The config is larger than ${MAX_CONFIG_BYTES} bytes (64 KiB) written as YAML (${size} bytes).` }];
+}
+
+/** A text's size in bytes, as UTF-8: what MAX_CONFIG_BYTES bounds. */
+export function utf8Length(text: string): number {
+  return new TextEncoder().encode(text).byteLength;
 }

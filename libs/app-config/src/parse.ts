@@ -5,7 +5,7 @@
  * collections as keys and unknown tags are refused.
  */
 import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document, type Node } from "yaml";
-import { checkConfigBounds } from "./bounds.ts";
+import { checkConfigBounds, utf8Length } from "./bounds.ts";
 import { parseConfigPath } from "./path.ts";
 import { validateAppConfig, isMapping } from "./validate.ts";
 import {
@@ -33,10 +33,6 @@ export type YamlValueResult =
   | { ok: false; errors: ConfigProblem[] };
 
 export type AppConfigParseResult = { ok: true; config: AppConfig } | { ok: false; errors: ConfigProblem[] };
-
-function utf8Length(text: string): number {
-  return new TextEncoder().encode(text).byteLength;
-}
 
 /** The parser's message without its pretty-printed excerpt: "Map keys must be unique at line 2, column 1". */
 function firstLine(message: string): string {

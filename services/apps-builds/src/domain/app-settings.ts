@@ -15,8 +15,9 @@
  *   sets `deploy_config` and omits a feature flag, the flag is derived from the deploy config's
  *   `database`/`cache`/`email` section when it has one (`{enabled: boolean}`), else kept.
  * - `seed_from_reference` is refused while the branch is running or deploying, and once its first
- *   deploy has happened (the seed is only consumed by a first deploy). Its source `<app>:<branch>:<selector>` must be a registered
- *   branch of this app or of an app in the same group; anything else is 404.
+ *   deploy has happened (the seed is only consumed by a first deploy). Its source
+ *   `<app>:<branch>:<selector>` must be a registered branch of this app or of an app in the same
+ *   group; anything else is 404.
  * - A `visibility` change is stored at once. The live route follows it at the next deploy (no
  *   reconcile can be queued yet), which is recorded in the app's `warnings` while something may
  *   be serving (deploy_status other than `undeployed`).
