@@ -119,6 +119,17 @@ export interface OutboxRelay {
 
 const BATCH = 500;
 
+/** Room left in a NATS message for its headers (trace context, Nats-Msg-Id). */
+const HEADER_ROOM_BYTES = 8 * 1024;
+
+/**
+ * The largest event body the bus takes: the server's max_payload (1 MiB unless configured) less
+ * room for headers. Producers keep their events well below it; the relay drops one above it.
+ */
+export function maxEventBytes(bus: Bus): number {
+  return (bus.nc.info?.max_payload ?? 1024 * 1024) - HEADER_ROOM_BYTES;
+}
+
 /** The oldest pending rows, locked (other relays skip them) and deleted, for the relay's transaction. */
 const CLAIM_BATCH = `delete from outbox where id in (select id from outbox order by seq limit ${BATCH} for update skip locked)
   returning id, seq, subject, payload, headers`;
@@ -137,6 +148,8 @@ interface OutboxBatchRow {
  * consumers must not rely on order across entities). A batch's rows are claimed and deleted in one
  * transaction, committed once JetStream has acknowledged every publish; a publish
  * repeated after a crash carries the same `Nats-Msg-Id` and JetStream drops it as a duplicate.
+ * The one row never published is an event larger than the bus takes (maxEventBytes): it is
+ * dropped with an error in the log, since a retry could never succeed and would hold back the rest.
  *
  * A batch's publishes go out together on the one connection (so still in order) and are awaited
  * together: under load, rows committed while a batch is in flight make the next batch, and the
@@ -156,10 +169,17 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
       const [, claimed] = (await client.query(`begin; ${CLAIM_BATCH}`)) as unknown as Array<{ rows: OutboxBatchRow[] }>;
       const rows = claimed!.rows.sort((a, b) => Number(a.seq) - Number(b.seq));
       await Promise.all(
-        rows.map((row) => {
+        rows.map(async (row) => {
+          const body = JSON.stringify({ id: row.id, data: row.payload });
+          const bytes = Buffer.byteLength(body);
+          if (bytes > maxEventBytes(opts.bus)) {
+            // It could never be published: retried, it would hold back every event after it.
+            opts.logger.error({ event_id: row.id, subject: row.subject, bytes, max_bytes: maxEventBytes(opts.bus) }, "outbox event too large for the bus: dropped");
+            return;
+          }
           const h = natsHeaders();
           for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
-          return opts.bus.js.publish(opts.bus.subject(row.subject), JSON.stringify({ id: row.id, data: row.payload }), { msgID: row.id, headers: h });
+          await opts.bus.js.publish(opts.bus.subject(row.subject), body, { msgID: row.id, headers: h });
         }),
       );
       await client.query("commit");

@@ -15,6 +15,7 @@ import {
   handleOnce,
   receivedEvents,
   LEDGER_RETENTION_MS,
+  maxEventBytes,
   pruneLedger,
   runBatchConsumer,
   runConsumer,
@@ -193,6 +194,20 @@ describe("outbox relay", () => {
     }
     expect(seen).toEqual([...Array(20).keys()]);
     for (const id of ids) expect(await pending(id)).toBe(false);
+    await r.stop();
+  });
+
+  it("drops an event too large for the bus instead of holding back the ones after it", async () => {
+    const s = "events.test.sizes";
+    const huge = await commitEvent(s, { blob: "x".repeat(maxEventBytes(bus) + 1) });
+    const after = await commitEvent(s, { n: 1 });
+    const r = relay();
+    await r.flush();
+    expect(await pending(huge)).toBe(false);
+    expect(await pending(after)).toBe(false);
+    const stored = await bus.jsm.streams.getMessage(streamName, { last_by_subj: bus.subject(s) });
+    expect(stored!.json()).toEqual({ id: after, data: { n: 1 } });
+    expect(await countOn(s)).toBe(1);
     await r.stop();
   });
 
