@@ -8,6 +8,7 @@
 import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
+import { StringDecoder } from "node:string_decoder";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 
@@ -64,6 +65,8 @@ export interface BuildOutcome {
 
 const MAX_LOG_BYTES = 1024 * 1024;
 const PHASE_TAIL_LINES = 200;
+/** A longer line of a command's output is passed on in pieces of this size (as the runtime's log lines). */
+const MAX_LINE_CHARS = 64 * 1024;
 
 class BuildFailure extends Error {}
 class BuildCancelled extends Error {}
@@ -83,6 +86,16 @@ export async function removePartialImages(imageDir: string): Promise<number> {
     }
   }
   return removed;
+}
+
+/**
+ * Where the piece of a long line starting at `at` ends: MAX_LINE_CHARS on, but never between the
+ * halves of a surrogate pair (a lone half is refused where the log is stored as JSON).
+ */
+function pieceEnd(line: string, at: number): number {
+  const end = Math.min(line.length, at + MAX_LINE_CHARS);
+  const code = line.charCodeAt(end - 1);
+  return end < line.length && code >= 0xd800 && code <= 0xdbff ? end - 1 : end;
 }
 
 /**
@@ -108,16 +121,31 @@ function runCommand(
       }
     }, remaining);
     const splitter = (stream: "stdout" | "stderr") => {
+      const decoder = new StringDecoder("utf8");
       let rest = "";
+      const emit = (line: string) => {
+        for (let at = 0; at < line.length; ) {
+          const end = pieceEnd(line, at);
+          opts.onLine(line.slice(at, end), stream);
+          at = end;
+        }
+      };
       return {
         data(chunk: Buffer) {
-          rest += chunk.toString("utf8");
+          rest += decoder.write(chunk);
           const lines = rest.split("\n");
           rest = lines.pop() ?? "";
-          for (const l of lines) opts.onLine(l.replace(/\r$/, ""), stream);
+          for (const l of lines) emit(l.replace(/\r$/, ""));
+          // Output with no line end in sight goes on in pieces rather than held whole.
+          while (rest.length >= MAX_LINE_CHARS) {
+            const end = pieceEnd(rest, 0);
+            opts.onLine(rest.slice(0, end), stream);
+            rest = rest.slice(end);
+          }
         },
         end() {
-          if (rest) opts.onLine(rest, stream);
+          rest += decoder.end();
+          if (rest) emit(rest);
         },
       };
     };

@@ -101,3 +101,29 @@ it("removes the partial archives an agent stopped while packaging left, and noth
   expect(await readdir(path.join(images, "shop"))).toEqual(["main-1.tar.gz"]);
   expect(await removePartialImages(path.join(dir, "no-such-dir"))).toBe(0);
 });
+
+it("passes on a command's endless line in pieces, no half of a character in any", async () => {
+  const long = await makeFixtureRepo("node-web", {
+    files: {
+      // 300,000 characters with no line end, then a line of its own.
+      "long.js": 'process.stdout.write("a" + "\\u{1F600}".repeat(150000)); process.stdout.write("\\ndone\\n");',
+      "platform.yaml": "type: container\nservices:\n  web:\n    build: node long.js\n    run: node server.js\n    port: 8080\n    health: /healthz\n",
+    },
+  });
+  try {
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-00000005", false), repository: long.url }, { ...deps(), log: (l) => void (l.service_name === "web" && lines.push(l.message)) });
+    expect(outcome).toMatchObject({ status: "completed", error_message: "" });
+    const output = lines.filter((l) => !l.startsWith("$ "));
+    expect(output.at(-1)).toBe("done");
+    const pieces = output.slice(0, -1);
+    expect(pieces.length).toBeGreaterThan(1);
+    for (const piece of pieces) {
+      expect(piece.length).toBeLessThanOrEqual(64 * 1024);
+      expect(piece.isWellFormed()).toBe(true);
+    }
+    expect(pieces.join("")).toBe(`a${"\u{1F600}".repeat(150000)}`);
+  } finally {
+    await long.cleanup();
+  }
+});

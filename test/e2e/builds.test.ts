@@ -147,6 +147,29 @@ describe("a build on a real agent", () => {
     expect(logs.body.log.length).toBeGreaterThan(0);
   });
 
+  it("completes a build whose log is larger than one bus message, and the builds after it", async () => {
+    const chatty = await makeFixtureRepo("node-web", {
+      files: {
+        "chatty.js": 'for (let i = 0; i < 30000; i++) console.log(`${i} ${"x".repeat(80)}`);',
+        "platform.yaml": "type: container\nservices:\n  web:\n    build: node chatty.js\n    run: node server.js\n    port: 8080\n    health: /healthz\n",
+      },
+    });
+    try {
+      const r = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "chatty", repository: chatty.url, auto_deploy: false } });
+      expect(r.status).toBe(202);
+      const build = await untilFinished(acme, r.body.build_id);
+      expect(build).toMatchObject({ status: "completed", queue_status: "build_completed" });
+      const logs = await call(api, "GET", `/builds/id/${r.body.build_id}/logs`, { credential: acme });
+      expect(logs.body).toMatchObject({ status: "completed", build_id: r.body.build_id });
+      expect(logs.body.log).toContain("0 xxxx");
+      expect(logs.body.log).toMatch(/\[cut: \d+ more characters\]$/);
+      const next = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", repository: web.url, auto_deploy: false } });
+      expect((await untilFinished(acme, next.body.build_id)).status).toBe("completed");
+    } finally {
+      await chatty.cleanup();
+    }
+  });
+
   it("refuses a quarantined app with 409 and remediation text, unless preflight is skipped", async () => {
     const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git" } });
     expect(r.status).toBe(409);

@@ -12,6 +12,7 @@ import { pruneCutoff } from "../src/domain/pruning.ts";
 import { normalizeTypes, resolveLimit } from "../src/domain/queue.ts";
 import { requestedServices } from "../src/domain/deployments.ts";
 import { stuckClass } from "../src/domain/stuck.ts";
+import { ANNOUNCED_RESULT_MAX_BYTES, announcedResult } from "../src/domain/events.ts";
 
 const now = new Date("2026-11-20T12:00:00Z");
 const secondsAgo = (s: number) => new Date(now.getTime() - s * 1000);
@@ -251,5 +252,37 @@ describe("the services a deployment names", () => {
     } catch (err) {
       expect(err).toMatchObject({ status: 400, detail: { code: "service_not_declared", services: ["nope"] } });
     }
+  });
+});
+
+describe("the result an action_updated event carries", () => {
+  it("keeps what apps-builds reads and leaves the rest in the queue row", () => {
+    const result = { commit_hash: "abc", images: ["agent://h/web:main-1"], log: "ok", phases: { clone: "x" }, env_vars_snapshot: { A: "1" }, purge: true };
+    expect(announcedResult(result)).toEqual({ commit_hash: "abc", images: ["agent://h/web:main-1"], log: "ok", purge: true });
+    expect(announcedResult(null)).toBeNull();
+  });
+
+  it("cuts a long log and long crash lines until the event fits in one bus message", () => {
+    const line = "x".repeat(80);
+    const log = `${Array.from({ length: 30_000 }, (_, i) => `${i} ${line}`).join("\n")}\n\u001b[31mdone\u001b[0m`;
+    const crash = Array.from({ length: 30 }, () => "\"".repeat(64 * 1024));
+    const result = { commit_message: "fix", log, crash_output: { web: crash }, env_vars_snapshot: { BIG: "v".repeat(16 * 1024 * 1024) } };
+    const announced = announcedResult(result)!;
+    expect(Buffer.byteLength(JSON.stringify(announced))).toBeLessThanOrEqual(ANNOUNCED_RESULT_MAX_BYTES);
+    expect(announced.commit_message).toBe("fix");
+    expect(announced.env_vars_snapshot).toBeUndefined();
+    const kept = announced.log as string;
+    expect(log.startsWith(kept.slice(0, kept.lastIndexOf("\n[cut: ")))).toBe(true);
+    expect(kept).toMatch(/\n\[cut: \d+ more characters\]$/);
+    expect((announced.crash_output as { web: string[] }).web).toHaveLength(30);
+    // The action's own result is untouched.
+    expect(result.log).toBe(log);
+  });
+
+  it("never cuts between the halves of a surrogate pair", () => {
+    // Each pair's high half sits at an odd index, where the first halving would cut.
+    const announced = announcedResult({ log: `a${"😀".repeat(200_000)}` })!;
+    const kept = (announced.log as string).split("\n[cut: ")[0]!;
+    expect(kept).toBe(`a${"😀".repeat((kept.length - 1) / 2)}`);
   });
 });

@@ -34,6 +34,57 @@ export interface ActionUpdated {
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : null);
 
+/**
+ * What apps-builds reads of a result (builds rows, last_crash_output, purge). The rest (per-phase
+ * output, env_vars_snapshot) stays in the queue row: an event has to fit in one bus message.
+ */
+const ANNOUNCED_RESULT_KEYS = ["commit_hash", "commit_message", "commit_author", "commit_committed_at", "images", "config", "log", "crash_output", "purge"];
+
+/** Well under the bus's message size (1 MiB unless configured), leaving room for the rest of the event. */
+export const ANNOUNCED_RESULT_MAX_BYTES = 512 * 1024;
+
+/** A string no longer worth cutting: what is left over the bound is not in long texts. */
+const SHORTEST_CUT = 256;
+/** Room for the note a cut text ends with. */
+const CUT_NOTE_ROOM = 64;
+
+/** How many bytes `value` takes as JSON beyond ANNOUNCED_RESULT_MAX_BYTES (0 or less: it fits). */
+const overBound = (value: unknown) => Buffer.byteLength(JSON.stringify(value)) - ANNOUNCED_RESULT_MAX_BYTES;
+
+/**
+ * The announced part of a result, cut to ANNOUNCED_RESULT_MAX_BYTES: the longest text (a build
+ * log of up to 1 MiB, a crash line, a commit message) loses its end, at most half of it at a time,
+ * with a note of what was cut, until the whole fits.
+ */
+export function announcedResult(result: Record<string, unknown> | null): Record<string, unknown> | null {
+  if (!result) return null;
+  const picked: Record<string, unknown> = structuredClone(Object.fromEntries(ANNOUNCED_RESULT_KEYS.filter((k) => k in result).map((k) => [k, result[k]])));
+  for (let excess = overBound(picked); excess > 0; excess = overBound(picked)) {
+    const longest = longestString(picked);
+    if (!longest || longest.text.length < SHORTEST_CUT) break;
+    // What is over the bound (each character is at least a byte), but at most half of it at once.
+    let keep = Math.max(Math.floor(longest.text.length / 2), longest.text.length - excess - CUT_NOTE_ROOM);
+    // Never half a surrogate pair: Postgres refuses a lone one in jsonb.
+    if (/[\uD800-\uDBFF]/.test(longest.text[keep - 1] ?? "")) keep -= 1;
+    longest.holder[longest.key] = `${longest.text.slice(0, keep)}\n[cut: ${longest.text.length - keep} more characters]`;
+  }
+  return picked;
+}
+
+/** The longest string anywhere in `value`, with the object (or array) and key holding it. */
+function longestString(value: Record<string, unknown>): { holder: Record<string, unknown>; key: string; text: string } | null {
+  let best: { holder: Record<string, unknown>; key: string; text: string } | null = null;
+  const visit = (holder: Record<string, unknown>) => {
+    for (const [key, v] of Object.entries(holder)) {
+      if (typeof v === "string") {
+        if (!best || v.length > best.text.length) best = { holder, key, text: v };
+      } else if (v && typeof v === "object") visit(v as Record<string, unknown>);
+    }
+  };
+  visit(value);
+  return best;
+}
+
 /** What an announcement reads of an action: an entity, or a row written with SQL of its own. */
 export type AnnouncedAction = Pick<
   Action,
@@ -64,7 +115,7 @@ export function actionUpdated(action: AnnouncedAction, now: Date): ActionUpdated
     queue_status: queueStatus(action),
     phase: action.phase ?? null,
     error_message: action.errorMessage ?? null,
-    result: action.result ?? null,
+    result: announcedResult(action.result ?? null),
     app_name: action.appName,
     branch: action.branch,
     group_slug: action.groupSlug,
