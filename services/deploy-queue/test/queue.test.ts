@@ -418,6 +418,11 @@ describe("cancel", () => {
     expect(await client.reportProgress({ actionId: buildId, hostId: "h-cancel", phase: "clone" })).toMatchObject({ cancelRequested: false });
     const r = await client.cancelAction({ caller: acme, actionId: buildId });
     expect(r).toMatchObject({ status: "cancel_requested", cancelled: false, cancelRequested: true, queueStatus: "build_in_progress", dependentsCancelled: [deployId] });
+    // The build may yet complete (past its last phase): the deploy does not say it was cancelled.
+    expect(await row(deployId)).toMatchObject({
+      status: "cancelled",
+      errorMessage: `Cancelled with its dependency BUILD ${buildId}, whose cancel was requested while it ran.`,
+    });
     expect(await client.reportProgress({ actionId: buildId, hostId: "h-cancel", phase: "build" })).toMatchObject({ cancelRequested: true });
     expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "cancel_requested", dependentsCancelled: [] });
     await client.completeAction({ actionId: buildId, hostId: "h-cancel", status: "cancelled" });

@@ -25,8 +25,7 @@ export async function cascadeToDependents(em: EntityManager, parent: Action, sta
       d.status = status;
       d.completedAt = now;
       d.admissionCheckReason = null;
-      d.errorMessage =
-        status === "failed" ? `Dependency ${current.actionType} ${current.id} failed.` : `Dependency ${current.actionType} ${current.id} was cancelled.`;
+      d.errorMessage = endedWith(current, status);
       if (status === "cancelled") d.cancelReason = parent.cancelReason ?? null;
       announce(em, d, now);
       ended.push(d.id);
@@ -34,4 +33,12 @@ export async function cascadeToDependents(em: EntityManager, parent: Action, sta
     }
   }
   return ended;
+}
+
+/** Why a dependent ended: a parent still running had its cancel requested, not carried out yet. */
+function endedWith(parent: Action, status: "failed" | "cancelled"): string {
+  const name = `${parent.actionType} ${parent.id}`;
+  if (status === "failed") return `Dependency ${name} failed.`;
+  if (parent.status === "in_progress") return `Cancelled with its dependency ${name}, whose cancel was requested while it ran.`;
+  return `Dependency ${name} was cancelled.`;
 }
