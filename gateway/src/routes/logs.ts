@@ -113,7 +113,7 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
             action_id: idParam("queue action"),
             level: { type: "string", enum: LEVELS },
             search: { type: "string", description: "Full-text search over message: every word must appear." },
-            since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w (at most 365d)." },
+            since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w. A longer window than 365d is read as 365d." },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
             offset: offsetParam,
             branch: { type: "string", description: "Only scopes the access check of app_name: the caller must see the app on this branch (one the app has), else the answer is empty as for an unknown app. Lines are not filtered by it." },
