@@ -142,7 +142,7 @@ export const appSchema = {
     last_crash_output: { type: ["object", "null"], additionalProperties: { type: "array", items: { type: "string" } } },
     last_build_status: nullableString,
     last_build_error: nullableString,
-    preflight_action_id: { type: "string", description: "Registration only: the preflight queued for the new app." },
+    preflight_action_id: { type: "string", description: "Registration only: the preflight queued for the new app, a GIT_PREFLIGHT action (GET /api/deployments/queue/{action_id})." },
     copied_var_keys: { type: "array", items: { type: "string" }, description: "Registration with copy_vars_from_branch: the copied names." },
     clone_data_scheduled: {
       type: "object",

@@ -13,6 +13,7 @@ let api: string;
 let acme: string;
 let acmeRead: string;
 let globex: string;
+let preflightActionId: string;
 const repos: Record<string, FixtureRepo> = {};
 
 async function key(group: string, scope: string) {
@@ -68,6 +69,7 @@ describe("registration", () => {
       last_build_status: null,
       preflight_action_id: expect.any(String),
     });
+    preflightActionId = r.body.preflight_action_id;
   });
 
   it("reaches ready once an agent has checked the repository and its config", async () => {
@@ -75,6 +77,17 @@ describe("registration", () => {
     const app = await preflightOf(acme, "node-web");
     expect(app.preflight_result).toMatchObject({ reason: "ready", services: ["web"], missing_paths: [], errors: [] });
     expect(app.services).toEqual([{ name: "web", url: null }]);
+  });
+
+  it("shows the preflight it answered as a GIT_PREFLIGHT action of the queue, only to the app's group", async () => {
+    await expect
+      .poll(async () => (await call(api, "GET", `/deployments/queue/${preflightActionId}`, { credential: acme })).body, { timeout: 15_000, interval: 250 })
+      .toMatchObject({ action_id: preflightActionId, action_type: "GIT_PREFLIGHT", app_name: "node-web", branch: "main", status: "completed" });
+    const all = await call(api, "GET", "/deployments/queue?all=true&app_name=node-web", { credential: acme });
+    expect(all.body.map((a: { action_id: string }) => a.action_id)).toContain(preflightActionId);
+    const diagnosis = await call(api, "GET", `/deployments/queue/${preflightActionId}/diagnose`, { credential: acme });
+    expect(diagnosis.status).toBe(200);
+    expect((await call(api, "GET", `/deployments/queue/${preflightActionId}`, { credential: globex })).status).toBe(404);
   });
 
   it("refuses the same name and branch, and the same repository under another name, with 409", async () => {

@@ -55,7 +55,14 @@ const queueRowProperties = {
   action_id: { type: "string", format: "uuid" },
   app_name: { type: "string" },
   branch: { type: "string" },
-  action_type: { type: "string", description: "BUILD, DEPLOY, RETRY, SERVICE_ACTION, UNDEPLOY, ..." },
+  action_type: {
+    type: "string",
+    description:
+      "BUILD, DEPLOY, RETRY, SERVICE_ACTION, UNDEPLOY, RECONCILE_ROUTING, GIT_PREFLIGHT, ... A GIT_PREFLIGHT row records a preflight (the `preflight_action_id` of " +
+      "register, PATCH config_path, save-config and recheck): a fast request to any agent outside the deploy lane, never claimed or gated; it ends `completed` when an agent " +
+      "answered (the answer is the app's `preflight_status` and `preflight_result`), or `cancelled` (`error_message` says why) when a newer preflight or the " +
+      "app's deletion came first.",
+  },
   status: { type: "string", enum: ["queued", "in_progress", "completed", "failed", "cancelled"] },
   image_tag: nullable,
   commit_message: nullable,
@@ -257,7 +264,11 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
           },
           ...authErrors,
           ...bodyErrors,
-          400: { $ref: "Error#", description: "`not_queued`: the action is no longer queued (`status` echoes its current status); or malformed JSON." },
+          400: {
+            $ref: "Error#",
+            description:
+              "`not_queued`: the action is no longer queued (`status` echoes its current status); `not_gated`: a fast request (GIT_PREFLIGHT) that no admission gate holds; or malformed JSON.",
+          },
         },
       },
     },
@@ -278,7 +289,7 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
         summary: "Cancel a queued or in-flight action. Always 200: branch on `status`.",
         description:
           "`cancelled` (was queued; its dependents too, listed in `dependents_cancelled`), `cancel_requested` (in flight: the agent stops between phases), " +
-          "`refused_past_point_of_no_return` (a deploy past its swap commit rolls forward), `not_found`, `not_cancellable` (already terminal). " +
+          "`refused_past_point_of_no_return` (a deploy past its swap commit rolls forward), `not_found`, `not_cancellable` (already terminal, or a GIT_PREFLIGHT, which an agent is asked at once). " +
           "Cancelling a build cascades to its dependent deploy.",
         params: {
           type: "object",

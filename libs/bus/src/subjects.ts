@@ -20,6 +20,7 @@ export const events = {
   groupDeleted: "events.identity.group_deleted",
   /** An app's repository check is (re)queued; apps-builds asks an agent and records the answer. */
   preflightRequested: "events.apps_builds.preflight_requested",
+  preflightChecked: "events.apps_builds.preflight_checked",
   /**
    * A build was accepted (POST /api/builds): deploy-queue creates the BUILD action (its id is the
    * build id) and, with auto_deploy, the dependent DEPLOY.

@@ -6,7 +6,7 @@
 import { handleOnce, runConsumer, subjects, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { App } from "./entities/index.ts";
-import { applyPreflightAnswer, type PreflightAnswer, type PreflightRequest } from "./domain/preflight.ts";
+import { announcePreflightChecked, applyPreflightAnswer, preflightOutcome, type PreflightAnswer, type PreflightRequest } from "./domain/preflight.ts";
 
 /** Longer than the agent's own git timeouts, so the agent answers first. */
 const AGENT_TIMEOUT_MS = 90_000;
@@ -23,7 +23,13 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
       const event = msg.json<EventEnvelope>();
       const request = event.data as unknown as PreflightRequest;
       const current = await ctx.read((em) => em.findOne(App, { id: request.app_id }));
-      if (!current || current.preflightNonce !== request.nonce) return;
+      if (!current || current.preflightNonce !== request.nonce) {
+        await handleOnce(ctx.orm, "apps-builds.preflight", msg, async (em) => {
+          const message = current ? "A newer preflight of the app replaced it before an agent was asked." : "The app was deleted before an agent was asked.";
+          announcePreflightChecked(em, request, { status: "cancelled", preflight_status: null, message });
+        });
+        return;
+      }
       // No agent listening fails at once ("no responders"); the message is redelivered later.
       const reply = await bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS });
       const answer = reply.json<PreflightAnswer>();
@@ -31,9 +37,9 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
       if (answer.result?.reason === "agent_error") throw new Error(`preflight agent error: ${answer.result.detail}`);
       await handleOnce(ctx.orm, "apps-builds.preflight", msg, async (em) => {
         const app = await em.findOne(App, { id: request.app_id });
-        if (app && applyPreflightAnswer(app, request.nonce, answer)) {
-          ctx.logger.info({ app: app.appName, branch: app.branch, status: answer.status }, "preflight answered");
-        }
+        const applied = !!app && applyPreflightAnswer(app, request.nonce, answer);
+        if (applied) ctx.logger.info({ app: app!.appName, branch: app!.branch, status: answer.status }, "preflight answered");
+        announcePreflightChecked(em, request, { status: "completed", preflight_status: answer.status, message: preflightOutcome(answer, applied, app) });
       });
     },
   });

@@ -5,7 +5,7 @@ import { ListValueSchema, ValueSchema, type Value } from "@bufbuild/protobuf/wkt
 import { fromJson, toJson } from "@bufbuild/protobuf";
 import { allowFileRepos } from "@platform/config";
 import { AppSchema, AppsBuildsService, BranchSchema, type App as AppMsg } from "@platform/proto";
-import { requireCaller } from "@platform/caller";
+import { actorOf, requireCaller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
@@ -259,7 +259,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
         const caller = requireCaller(req.caller);
         return ctx.write(async (em) => {
           const app = await findApp(em, caller, req.appName, req.branch || undefined);
-          const preflightActionId = requeuePreflight(em, app);
+          const preflightActionId = requeuePreflight(em, app, actorOf(caller));
           return { appName: app.appName, branch: app.branch, preflightStatus: app.preflightStatus, preflightActionId };
         });
       },

@@ -164,8 +164,8 @@ describe("PATCH an app", () => {
     expect(r.preflightActionId).toMatch(/^[0-9a-f-]{36}$/);
     const after = await row("web", "main");
     expect(after.preflightNonce).toBe(before.preflightNonce + 1);
-    const event = await waitFor(() => preflights.find((e) => e.id === r.preflightActionId));
-    expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce, config_path: "deploy/platform.yaml", branch: "main" });
+    const event = await waitFor(() => preflights.find((e) => e.data.action_id === r.preflightActionId));
+    expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce, config_path: "deploy/platform.yaml", branch: "main", app_name: "web", requested_by: expect.any(String) });
 
     const again = await patch({ config_path: "deploy/platform.yaml" });
     expect(again.preflightActionId).toBeUndefined();
@@ -436,7 +436,7 @@ describe("config layers", () => {
     expect(after.preflightNonce).toBe(before.preflightNonce + 1);
     expect(after.preflightStatus).toBe("pending");
     expect(after.overlay).toEqual(r.overlay);
-    const event = await waitFor(() => preflights.find((e) => e.id === r.preflightActionId));
+    const event = await waitFor(() => preflights.find((e) => e.data.action_id === r.preflightActionId));
     expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce });
 
     const read = await layers({ app: "api" });

@@ -2,7 +2,8 @@
  * deploy-queue: the queue (spec doc 1 sections 2.5, 4.5), the authority on work state. Actions are
  * created from `build_requested` events, dispatched on JetStream to agents (work.host.<id> or
  * work.any), claimed through the admission gates, and followed to completion; every change is
- * announced as `action_updated`. Agents are known from their heartbeats. A group renamed in
+ * announced as `action_updated`. GIT_PREFLIGHT rows record apps-builds' preflights (its events),
+ * which are never dispatched. Agents are known from their heartbeats. A group renamed in
  * identity re-keys its actions and history; a deleted one drops them.
  */
 import { deployQueueEnv, loadConfig, type Config } from "@platform/config";
@@ -15,7 +16,7 @@ import { createServiceClient } from "@platform/rpc";
 import { consumeGroupEvents } from "@platform/bus";
 import { AppsBuildsService } from "@platform/proto";
 import { routes } from "./rpc.ts";
-import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs, startReconcileConsumer } from "./workers.ts";
+import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs, startPreflightConsumers, startReconcileConsumer } from "./workers.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 
 export type DeployQueueConfig = Config<typeof deployQueueEnv>;
@@ -31,6 +32,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);
       const reconcile = await startReconcileConsumer(ctx);
+      const preflights = await startPreflightConsumers(ctx);
       const groups = await consumeGroupEvents({
         bus: ctx.bus,
         orm: ctx.orm,
@@ -40,7 +42,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
         deleted: (em, e) => forgetGroup(em, e.slugs),
       });
       const jobs = startPeriodicJobs(ctx);
-      return [() => jobs.stop(), () => groups.stop(), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
+      return [() => jobs.stop(), () => groups.stop(), ...preflights.map((c) => () => c.stop()), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
     },
   });
 }

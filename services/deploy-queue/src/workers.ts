@@ -1,6 +1,6 @@
 /**
  * The service's background work: the consumers turning events into actions (build_requested,
- * reconcile_requested; durable, idempotent per event), the heartbeat subscription feeding the
+ * reconcile_requested, preflight_requested and preflight_checked; durable, idempotent per event), the heartbeat subscription feeding the
  * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
  * of silent agents, pruning of terminal rows).
  */
@@ -14,6 +14,14 @@ import { PRUNE_INTERVAL_MS, pruneTerminal } from "./domain/pruning.ts";
 import { failOrphanedActions } from "./domain/orphans.ts";
 import { createAppAction } from "./domain/deployments.ts";
 import { currentSlugs } from "./domain/groups.ts";
+import {
+  parsePreflightChecked,
+  parsePreflightRequested,
+  recordPreflightChecks,
+  recordPreflightRequests,
+  type PreflightChecked,
+  type PreflightRequested,
+} from "./domain/preflights.ts";
 
 export const BUILD_REQUESTED_DURABLE = "deploy-queue-build-requested";
 const REDISPATCH_INTERVAL_MS = 30_000;
@@ -159,6 +167,30 @@ export function startReconcileConsumer(ctx: ServiceContext): Promise<RunningCons
       }
     },
   });
+}
+
+export const PREFLIGHT_REQUESTED_DURABLE = "deploy-queue-preflight-requested";
+export const PREFLIGHT_CHECKED_DURABLE = "deploy-queue-preflight-checked";
+
+/** `preflight_requested` and `preflight_checked` (apps-builds) keep the GIT_PREFLIGHT rows. */
+export async function startPreflightConsumers(ctx: ServiceContext): Promise<RunningConsumer[]> {
+  const requested = await startIntake<PreflightRequested>(ctx, {
+    durable: PREFLIGHT_REQUESTED_DURABLE,
+    subject: subjects.events.preflightRequested,
+    ledger: "deploy-queue.preflight-requested",
+    parse: parsePreflightRequested,
+    dispatchesAll: true,
+    accept: (em, requests) => recordPreflightRequests(em, requests, new Date()),
+  });
+  const checked = await startIntake<PreflightChecked>(ctx, {
+    durable: PREFLIGHT_CHECKED_DURABLE,
+    subject: subjects.events.preflightChecked,
+    ledger: "deploy-queue.preflight-checked",
+    parse: parsePreflightChecked,
+    dispatchesAll: true,
+    accept: (em, checks) => recordPreflightChecks(em, checks, new Date()),
+  });
+  return [requested, checked];
 }
 
 /**

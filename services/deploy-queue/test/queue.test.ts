@@ -591,6 +591,56 @@ describe("events", () => {
   });
 });
 
+describe("preflights", () => {
+  const preflight = (overrides: Record<string, unknown> = {}) => ({
+    action_id: randomUUID(),
+    app_id: randomUUID(),
+    nonce: 1,
+    app_name: `pf${++counter}`,
+    branch: "main",
+    group_slug: "acme",
+    requested_by: "api_key:k",
+    requested_at: new Date().toISOString(),
+    ...overrides,
+  });
+  const publish = (subject: string, data: Record<string, unknown>) =>
+    bus.js.publish(bus.subject(subject), JSON.stringify({ id: randomUUID(), data }), { msgID: randomUUID() });
+
+  it("records a preflight as a GIT_PREFLIGHT action, outside the lane, until apps-builds says how it ended", async () => {
+    const p = preflight();
+    await publish(subjects.events.preflightRequested, p);
+    await expect.poll(() => client.getAction({ caller: acme, actionId: p.action_id }).catch(() => null), { timeout: 10_000 }).toMatchObject({
+      actionType: "GIT_PREFLIGHT",
+      status: "queued",
+      appName: p.app_name,
+    });
+    expect((await client.listQueue({ caller: acme, appName: p.app_name.toUpperCase() })).items.map((a) => a.actionId)).toEqual([p.action_id]);
+    expect(await row(p.action_id)).toMatchObject({ dispatchedTo: null, createdBy: "api_key:k" });
+    const diagnosis = await client.diagnoseAction({ caller: acme, actionId: p.action_id });
+    expect(diagnosis.narrative).toContain("fast request to any agent, outside the deploy lane");
+    expect(await client.cancelAction({ caller: acme, actionId: p.action_id })).toMatchObject({ status: "not_cancellable", cancelled: false });
+    expect(await refusal(client.admitForce({ caller: acmeAdmin, actionId: p.action_id, reason: "try" }))).toMatchObject({ status: 400, detail: { code: "not_gated" } });
+
+    await publish(subjects.events.preflightChecked, { ...p, status: "completed", preflight_status: "ready", message: "The repository check answered ready.", checked_at: new Date().toISOString() });
+    await expect.poll(async () => (await client.getAction({ caller: acme, actionId: p.action_id })).status, { timeout: 10_000 }).toBe("completed");
+    const done = await client.getAction({ caller: acme, actionId: p.action_id });
+    expect(JSON.parse(done.resultJson)).toEqual({ preflight_status: "ready", message: "The repository check answered ready." });
+    expect(done.errorMessage ?? null).toBeNull();
+    expect(await client.getAction({ caller: globex, actionId: p.action_id }).catch((e: Error) => e.message)).toMatch(/not found/i);
+  });
+
+  it("keeps how a preflight ended when the news of its end comes before its request", async () => {
+    const p = preflight();
+    await publish(subjects.events.preflightChecked, { ...p, status: "cancelled", preflight_status: null, message: "A newer preflight of the app replaced it before an agent was asked.", checked_at: new Date().toISOString() });
+    await expect.poll(() => row(p.action_id).catch(() => null), { timeout: 10_000 }).toMatchObject({ status: "cancelled", actionType: "GIT_PREFLIGHT" });
+    await publish(subjects.events.preflightRequested, p);
+    const marker = preflight();
+    await publish(subjects.events.preflightRequested, marker);
+    await expect.poll(() => row(marker.action_id).catch(() => null), { timeout: 10_000 }).toBeTruthy();
+    expect(await row(p.action_id)).toMatchObject({ status: "cancelled", errorMessage: "A newer preflight of the app replaced it before an agent was asked." });
+  });
+});
+
 describe("a renamed or deleted group", () => {
   /** Publishes one of identity's group events, as its outbox relay would. */
   async function announce(subject: string, data: Record<string, unknown>) {

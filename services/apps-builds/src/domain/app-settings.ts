@@ -361,7 +361,7 @@ export async function updateApp(
   let preflightActionId: string | null = null;
   if (patch.configPath !== undefined && patch.configPath !== app.configPath) {
     app.configPath = patch.configPath;
-    preflightActionId = requeuePreflight(em, app);
+    preflightActionId = requeuePreflight(em, app, actorOf(caller));
   }
   return { app, preflightActionId };
 }
@@ -484,7 +484,7 @@ export async function saveAppConfig(em: EntityManager, caller: Caller, appName: 
   const result = saveConfig((app.baseConfig ?? null) as BaseConfig, (app.overlay ?? {}) as Overlay, read.submitted, { locate: read.locate });
   if (!result.ok) throw bodyRefusal(result.errors, "config_invalid");
   app.overlay = result.overlay;
-  const preflightActionId = requeuePreflight(em, app);
+  const preflightActionId = requeuePreflight(em, app, actorOf(caller));
   return {
     app,
     overlay: result.overlay,

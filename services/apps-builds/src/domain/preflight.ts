@@ -3,6 +3,7 @@
  * tried its repository and config file. Only `ready` and `exempt` unlock build, deploy and retry.
  * Each re-queue bumps a nonce; an answer to an older request is ignored.
  */
+import { randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
@@ -12,11 +13,30 @@ export const PREFLIGHT_STATUSES = ["pending", "no_access", "needs_config", "conf
 export type PreflightStatus = (typeof PREFLIGHT_STATUSES)[number];
 
 export interface PreflightRequest {
+  /** The GIT_PREFLIGHT action's id: the queue records it (preflight_action_id of the answers). */
+  action_id: string;
   app_id: string;
   nonce: number;
   repository: string;
   branch: string;
   config_path: string;
+  // What the queue's row shows.
+  app_name: string;
+  group_slug: string;
+  requested_by: string;
+  requested_at: string;
+}
+
+/**
+ * `preflight_checked`: how a queued preflight ended, for the queue's GIT_PREFLIGHT row. Carries
+ * the request too, since the queue may hear of the end before the request.
+ */
+export interface PreflightChecked extends Omit<PreflightRequest, "app_id" | "nonce" | "repository" | "config_path"> {
+  /** completed: an agent answered (`preflight_status`); cancelled: nothing asked any more. */
+  status: "completed" | "cancelled";
+  preflight_status: string | null;
+  message: string;
+  checked_at: string;
 }
 
 export interface PreflightAnswer {
@@ -27,17 +47,41 @@ export interface PreflightAnswer {
 }
 
 /** Queues a preflight for the app (through the outbox); returns its action id. */
-export function requeuePreflight(em: EntityManager, app: App): string {
+export function requeuePreflight(em: EntityManager, app: App, requestedBy: string): string {
   app.preflightNonce += 1;
   if (app.preflightStatus !== "exempt") app.preflightStatus = "pending";
   const request: PreflightRequest = {
+    action_id: randomUUID(),
     app_id: app.id,
     nonce: app.preflightNonce,
     repository: app.repository,
     branch: app.branch,
     config_path: app.configPath,
+    app_name: app.appName,
+    group_slug: app.groupSlug,
+    requested_by: requestedBy,
+    requested_at: new Date().toISOString(),
   };
-  return enqueueEvent(em, subjects.events.preflightRequested, { ...request });
+  enqueueEvent(em, subjects.events.preflightRequested, { ...request });
+  return request.action_id;
+}
+
+/**
+ * Announces how a preflight ended: answered (whether or not the answer was applied), or dropped
+ * because the app is gone or a newer preflight replaced it.
+ */
+export function announcePreflightChecked(em: EntityManager, request: PreflightRequest, end: Pick<PreflightChecked, "status" | "preflight_status" | "message">): void {
+  const checked: PreflightChecked = {
+    action_id: request.action_id,
+    branch: request.branch,
+    app_name: request.app_name,
+    group_slug: request.group_slug,
+    requested_by: request.requested_by,
+    requested_at: request.requested_at,
+    ...end,
+    checked_at: new Date().toISOString(),
+  };
+  enqueueEvent(em, subjects.events.preflightChecked, { ...checked });
 }
 
 /** Records an agent's answer, unless a newer preflight was queued meanwhile. */
@@ -49,6 +93,14 @@ export function applyPreflightAnswer(app: App, nonce: number, answer: PreflightA
   // Until a build reads it, the base layer is the config the preflight found (spec 4.4 layers).
   if (answer.status === "ready" && answer.config && !app.baseConfig) app.baseConfig = answer.config;
   return true;
+}
+
+/** What the queue's GIT_PREFLIGHT row says of an answer: the outcome, and whether it was recorded. */
+export function preflightOutcome(answer: PreflightAnswer, applied: boolean, app: Pick<App, "preflightStatus"> | null): string {
+  const detail = answer.result?.detail ? `: ${answer.result.detail}` : "";
+  if (applied) return `The repository check answered ${answer.status}${detail}.`;
+  if (app?.preflightStatus === "exempt") return `The repository check answered ${answer.status}; the app is exempt from preflight, so it stays exempt.`;
+  return `The repository check answered ${answer.status}, but a newer preflight or the app's deletion came first; the answer was not recorded.`;
 }
 
 /** Build, deploy and retry are refused with remediation text while the app is quarantined. */

@@ -251,6 +251,6 @@ export async function registerApp(
   }
   const copyFrom = input.copyVarsFromBranch?.trim();
   const copiedVarKeys = copyFrom ? await copyVarsForRegistration(em, app, copyFrom) : null;
-  const preflightActionId = requeuePreflight(em, app);
+  const preflightActionId = requeuePreflight(em, app, actorOf(caller));
   return { app, preflightActionId, copiedVarKeys, cloneDataScheduled: app.cloneData ?? null };
 }

@@ -8,6 +8,7 @@
 import { PlatformError, isIdPrefix } from "@platform/errors";
 import { actorOf, hasScope, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
+import { FAST_RPC_TYPES } from "./lifecycle.ts";
 import { actionNotFound, canAct, findActionByPrefix } from "./lookup.ts";
 
 export const ADMIT_FORCE_TTL = { min: 60, max: 3600, default: 300 } as const;
@@ -35,6 +36,13 @@ export async function admitForce(em: EntityManager, caller: Caller, id: string, 
   const trimmed = id.trim();
   const action = isIdPrefix(trimmed) ? await findActionByPrefix(em, trimmed, (g) => canAct(caller, g), { lock: true }) : null;
   if (!action) throw actionNotFound(id);
+  if (FAST_RPC_TYPES.has(action.actionType)) {
+    throw PlatformError.badRequest({
+      code: "not_gated",
+      message: `Action ${action.id} is a ${action.actionType}, a fast request to an agent outside the deploy lane; no admission gate holds it.`,
+      status: action.status,
+    });
+  }
   if (action.status !== "queued") {
     throw PlatformError.badRequest({
       code: "not_queued",

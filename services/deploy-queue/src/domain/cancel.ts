@@ -14,7 +14,7 @@ import type { Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
-import { isTerminal, queueStatus } from "./lifecycle.ts";
+import { FAST_RPC_TYPES, isTerminal, queueStatus } from "./lifecycle.ts";
 import { canAct, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
 import { isPastPointOfNoReturn } from "./point-of-no-return.ts";
 
@@ -47,7 +47,8 @@ export async function cancelAction(em: EntityManager, caller: Caller, id: string
     appName: action.appName,
   });
 
-  if (isTerminal(action.status)) return outcome("not_cancellable");
+  // A fast request (GIT_PREFLIGHT) is asked of an agent at once, outside the lane: nothing to stop.
+  if (isTerminal(action.status) || FAST_RPC_TYPES.has(action.actionType)) return outcome("not_cancellable");
   if (action.status === "in_progress" && isPastPointOfNoReturn(action)) return outcome("refused_past_point_of_no_return");
 
   action.cancelReason = reason.trim() || null;

@@ -10,6 +10,7 @@ import { Action, Agent } from "../entities/index.ts";
 import { admitForceAvailable, checkAdmission } from "./admission.ts";
 import { isLive } from "./agents.ts";
 import { admissionInput } from "./claims.ts";
+import { FAST_RPC_TYPES } from "./lifecycle.ts";
 import { getVisibleAction } from "./lookup.ts";
 import { withStuckClass, type ActionView } from "./queue.ts";
 
@@ -71,6 +72,14 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
     }
     default: {
       lines.push(`${name} is queued, created ${ago(action.createdAt, now)}${action.priority > 0 ? `, priority ${action.priority}` : ""}.`);
+      if (FAST_RPC_TYPES.has(action.actionType)) {
+        lines.push(`It is a fast request to any agent, outside the deploy lane: no agent claims it and no admission gate holds it. It ends when an agent answers; ${liveAgents.length} agent(s) live now.`);
+        hint =
+          liveAgents.length === 0
+            ? "No live agent: start an agent; the request is asked again until one answers."
+            : "An agent answers within a minute and a half (git's own time limits); if it stays queued longer, check the agents' logs.";
+        break;
+      }
       if (action.dispatchedTo) {
         lines.push(
           host && isLive(host.lastSeen, now)

@@ -59,7 +59,8 @@ export async function listQueue(em: EntityManager, caller: Caller, f: ListFilter
     if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return [];
     where.groupSlug = caller.selectedGroup;
   }
-  if (f.appName) where.appName = f.appName;
+  // Slugs are lower case: WEB names the app web, as everywhere else.
+  if (f.appName) where.appName = f.appName.toLowerCase();
   if (!f.all) where.status = { $in: [...LIVE_STATUSES] };
   const excluded = normalizeTypes(f.excludeTypes);
   if (excluded.length > 0) where.actionType = { $nin: excluded };
