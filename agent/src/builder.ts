@@ -10,6 +10,7 @@ import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat } from "node:fs/pro
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
+import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 
 export interface BuildJob {
@@ -89,16 +90,6 @@ export async function removePartialImages(imageDir: string): Promise<number> {
 }
 
 /**
- * Where the piece of a long line starting at `at` ends: MAX_LINE_CHARS on, but never between the
- * halves of a surrogate pair (a lone half is refused where the log is stored as JSON).
- */
-function pieceEnd(line: string, at: number): number {
-  const end = Math.min(line.length, at + MAX_LINE_CHARS);
-  const code = line.charCodeAt(end - 1);
-  return end < line.length && code >= 0xd800 && code <= 0xdbff ? end - 1 : end;
-}
-
-/**
  * Runs a command (a shell line through `sh -c`, or an argv run as is) in its own process group,
  * streaming lines; killed at the deadline.
  */
@@ -125,7 +116,7 @@ function runCommand(
       let rest = "";
       const emit = (line: string) => {
         for (let at = 0; at < line.length; ) {
-          const end = pieceEnd(line, at);
+          const end = pairSafeEnd(line, at + MAX_LINE_CHARS);
           opts.onLine(line.slice(at, end), stream);
           at = end;
         }
@@ -138,7 +129,7 @@ function runCommand(
           for (const l of lines) emit(l.replace(/\r$/, ""));
           // Output with no line end in sight goes on in pieces rather than held whole.
           while (rest.length >= MAX_LINE_CHARS) {
-            const end = pieceEnd(rest, 0);
+            const end = pairSafeEnd(rest, MAX_LINE_CHARS);
             opts.onLine(rest.slice(0, end), stream);
             rest = rest.slice(end);
           }

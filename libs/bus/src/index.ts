@@ -21,6 +21,7 @@ import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@pl
 import { events, streams, type StreamDeclaration } from "./subjects.ts";
 
 export * as subjects from "./subjects.ts";
+export { pairSafeEnd } from "./text.ts";
 export type { NatsConnection, JetStreamClient, JetStreamManager, JsMsg, MsgHdrs, Subscription };
 
 export interface Bus {

@@ -9,6 +9,7 @@
  * Postgres cannot store (NUL, lone surrogates) is replaced. It refuses only what cannot be a log
  * line: no message, an unknown source or level, an unparseable timestamp, a malformed id.
  */
+import { pairSafeEnd } from "@platform/bus";
 
 export const LOG_SOURCES = ["agent", "deploy", "build", "container", "backup"] as const;
 export type LogSource = (typeof LOG_SOURCES)[number];
@@ -118,11 +119,7 @@ function storableJson(value: unknown, depth: number): unknown {
 
 function cut(message: string): string {
   if (message.length <= MAX_MESSAGE_CHARS) return message;
-  // Never split a surrogate pair: storableText would otherwise turn its half into U+FFFD.
-  let end = MAX_MESSAGE_CHARS - TRUNCATION_MARK.length;
-  const code = message.charCodeAt(end - 1);
-  if (code >= 0xd800 && code <= 0xdbff) end -= 1;
-  return `${message.slice(0, end)}${TRUNCATION_MARK}`;
+  return `${message.slice(0, pairSafeEnd(message, MAX_MESSAGE_CHARS - TRUNCATION_MARK.length))}${TRUNCATION_MARK}`;
 }
 
 function normaliseTs(value: unknown): string | null {

@@ -3,7 +3,7 @@
  * outbox in the transaction that makes it (apps-builds keeps builds rows in step with it).
  */
 import { enqueueEvent, type EntityManager } from "@platform/db";
-import { subjects } from "@platform/bus";
+import { pairSafeEnd, subjects } from "@platform/bus";
 import type { Action } from "../entities/index.ts";
 import { recordHistory } from "./history.ts";
 import { queueStatus } from "./lifecycle.ts";
@@ -63,9 +63,7 @@ export function announcedResult(result: Record<string, unknown> | null): Record<
     const longest = longestString(picked);
     if (!longest || longest.text.length < SHORTEST_CUT) break;
     // What is over the bound (each character is at least a byte), but at most half of it at once.
-    let keep = Math.max(Math.floor(longest.text.length / 2), longest.text.length - excess - CUT_NOTE_ROOM);
-    // Never half a surrogate pair: Postgres refuses a lone one in jsonb.
-    if (/[\uD800-\uDBFF]/.test(longest.text[keep - 1] ?? "")) keep -= 1;
+    const keep = pairSafeEnd(longest.text, Math.max(Math.floor(longest.text.length / 2), longest.text.length - excess - CUT_NOTE_ROOM));
     longest.holder[longest.key] = `${longest.text.slice(0, keep)}\n[cut: ${longest.text.length - keep} more characters]`;
   }
   return picked;
