@@ -1,7 +1,10 @@
 import { describe, expect, it } from "vitest";
+import Fastify from "fastify";
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { PrincipalSchema, type Principal } from "@platform/proto";
 import { readCredential } from "../src/domain/credentials.ts";
+import { typedBodyValidator } from "../src/domain/input-bounds.ts";
+import { registerErrorHandling } from "../src/errors.ts";
 import { CredentialCache } from "../src/domain/credential-cache.ts";
 import { isPlatformOperator, isPlatformRoot, scopeIn, selectGroup, visibleGroups } from "../src/domain/group-selection.ts";
 
@@ -124,5 +127,42 @@ describe("group selection", () => {
     expect(visibleGroups(key())).toEqual(["acme"]);
     expect(visibleGroups(key({ keyGroup: "" }))).toEqual([]);
     expect(visibleGroups(session())).toEqual(["a-123456", "acme", "globex"]);
+  });
+});
+
+describe("typedBodyValidator", () => {
+  async function app() {
+    const server = Fastify({ schemaController: { compilersFactory: { buildValidator: typedBodyValidator() } } });
+    registerErrorHandling(server);
+    server.get(
+      "/items/:page",
+      {
+        schema: {
+          params: { type: "object", properties: { page: { type: "integer" } } },
+          querystring: { type: "object", properties: { limit: { type: "integer", minimum: 1 }, ratio: { type: "number" }, all: { type: "boolean" } } },
+        },
+      },
+      async (request) => ({ params: request.params, query: request.query }),
+    );
+    return server;
+  }
+
+  it("reads numbers written plainly in a URL", async () => {
+    const server = await app();
+    const res = await server.inject("/items/2?limit=%2B05&ratio=0.5&all=true");
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({ params: { page: 2 }, query: { limit: 5, ratio: 0.5, all: true } });
+  });
+
+  it("refuses hex, exponents, blanks and fractions where a whole number goes", async () => {
+    const server = await app();
+    for (const limit of ["0x10", "1e2", "%205", "5%20", "5.0", "", "Infinity"]) {
+      const res = await server.inject(`/items/1?limit=${limit}`);
+      expect(res.statusCode, limit).toBe(422);
+      expect(res.json().detail.message, limit).toBe("querystring.limit must be integer.");
+    }
+    expect((await server.inject("/items/0x1")).json().detail.message).toBe("params.page must be integer.");
+    expect((await server.inject("/items/1?ratio=1e3")).statusCode).toBe(422);
+    expect((await server.inject("/items/1?limit=0")).json().detail.message).toBe("querystring.limit must be >= 1.");
   });
 });

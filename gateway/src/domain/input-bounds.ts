@@ -102,10 +102,57 @@ export function closeBody(route: RouteOptions): void {
   if (types.includes("object")) body.additionalProperties = false;
 }
 
+/** Whole numbers as a person writes them in a URL: digits, with an optional sign. */
+const INTEGER_TEXT = /^[+-]?\d+$/;
+/** Decimal numbers as a person writes them in a URL (no hex, no exponent, no blanks). */
+const NUMBER_TEXT = /^[+-]?(?:\d+\.?\d*|\.\d+)$/;
+
+/** The properties of a query or params schema that are numbers, with the text each must match. */
+function numericProperties(schema: unknown): Array<[string, RegExp]> {
+  const properties = (schema as { properties?: Record<string, { type?: unknown }> } | undefined)?.properties ?? {};
+  const out: Array<[string, RegExp]> = [];
+  for (const [name, property] of Object.entries(properties)) {
+    const types = Array.isArray(property.type) ? property.type : [property.type];
+    if (types.includes("string")) continue;
+    if (types.includes("integer")) out.push([name, INTEGER_TEXT]);
+    else if (types.includes("number")) out.push([name, NUMBER_TEXT]);
+  }
+  return out;
+}
+
+type Validate = ((data: unknown, context?: unknown) => unknown) & { errors?: unknown; schemaEnv?: unknown };
+
+/**
+ * ajv reads a number out of text as JavaScript does, so `?limit=0x10` would be 16, `1e2` 100 and
+ * `%205` 5: a client's typo taken for another value. Numbers in a URL are refused unless written
+ * plainly, with the error ajv gives for a value of the wrong type.
+ */
+function plainNumbers(validate: Validate, schema: unknown): Validate {
+  const numeric = numericProperties(schema);
+  if (numeric.length === 0) return validate;
+  const checked: Validate = (data, context) => {
+    const values = (data ?? {}) as Record<string, unknown>;
+    for (const [name, text] of numeric) {
+      const value = values[name];
+      if (typeof value === "string" && !text.test(value)) {
+        const type = text === INTEGER_TEXT ? "integer" : "number";
+        return { error: [{ keyword: "type", instancePath: `/${name}`, schemaPath: `#/properties/${name}/type`, params: { type }, message: `must be ${type}` }] };
+      }
+    }
+    const ok = validate(data, context);
+    checked.errors = validate.errors;
+    return ok;
+  };
+  // Fastify hands ajv's own functions the request, so that a coerced value is written back.
+  checked.schemaEnv = validate.schemaEnv;
+  return checked;
+}
+
 /**
  * The schema compiler of every route. A query string or path parameter is text, so it is coerced
- * to its schema's type (`?limit=5` is the number 5); a JSON body arrives typed, and is taken as
- * sent: coercing it would read `"false"` as false, `"2"` as 2 and `"A"` as `["A"]`.
+ * to its schema's type (`?limit=5` is the number 5) when it is written plainly; a JSON body
+ * arrives typed, and is taken as sent: coercing it would read `"false"` as false, `"2"` as 2 and
+ * `"A"` as `["A"]`.
  */
 export function typedBodyValidator(): ValidatorFactory {
   // The pool's typings name ajv's own compile function; Fastify calls it with a route's schema.
@@ -113,7 +160,10 @@ export function typedBodyValidator(): ValidatorFactory {
   const factory = (externalSchemas: unknown, options: AjvPoolOptions = {}): FastifySchemaCompiler<unknown> => {
     const coercing = pool(externalSchemas, options);
     const asSent = pool(externalSchemas, { ...options, customOptions: { ...options.customOptions, coerceTypes: false } });
-    return (route) => (route.httpPart === "body" ? asSent : coercing)(route);
+    return (route) => {
+      if (route.httpPart === "body") return asSent(route);
+      return plainNumbers(coercing(route) as Validate, route.schema) as ReturnType<FastifySchemaCompiler<unknown>>;
+    };
   };
   return factory as unknown as ValidatorFactory;
 }
