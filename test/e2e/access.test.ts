@@ -216,6 +216,23 @@ describe("bad input", () => {
     expect((await call(api, "POST", "/groups", { credential: root, body: { slug: "a\\u0000" } })).status).toBe(422);
   });
 
+  it("refuses half of a surrogate pair in a JSON string with 422, where a whole pair is text", async () => {
+    const lone = await call(api, "POST", "/groups", { credential: root, body: { slug: "lone", display_name: "a\ud800b" } });
+    expect(lone).toMatchObject({ status: 422, body: { detail: { code: "lone_surrogate" } } });
+    const groups = await call(api, "GET", "/groups", { credential: root });
+    expect(groups.body.items.map((g: { slug: string }) => g.slug)).not.toContain("lone");
+    const pair = await call(api, "POST", "/groups", { credential: root, body: { slug: "pair", display_name: "a\u{1F600}b" } });
+    expect(pair).toMatchObject({ status: 201, body: { display_name: "a\u{1F600}b" } });
+  });
+
+  it("reads a number in the query only when written plainly", async () => {
+    for (const limit of ["0x10", "1e1", "%205", "5.0"]) {
+      const r = await call(api, "GET", `/builds?limit=${limit}`, { credential: root });
+      expect(r, limit).toMatchObject({ status: 422, body: { detail: { code: "invalid_request", message: "querystring.limit must be integer." } } });
+    }
+    expect((await call(api, "GET", "/builds?limit=05", { credential: root })).status).toBe(200);
+  });
+
   it("refuses a body nested deeper than 32 levels with 422 too_deep, not a server error", async () => {
     const nested = (levels: number) => {
       let v: unknown = 1;
@@ -223,7 +240,7 @@ describe("bad input", () => {
       return v as Record<string, unknown>;
     };
     const deep = await call(api, "PUT", "/apps/nothing/config", { credential: root, body: { config: nested(60) } });
-    expect(deep).toMatchObject({ status: 422, body: { detail: { code: "too_deep" } } });
+    expect(deep).toMatchObject({ status: 422, body: { detail: { code: "too_deep", errors: [{ code: "too_deep" }] } } });
     // Within the bound, the route answers as it would (the app does not exist).
     expect((await call(api, "PUT", "/apps/nothing/config", { credential: root, body: { config: nested(10) } })).status).toBe(404);
   });

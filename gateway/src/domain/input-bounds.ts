@@ -1,7 +1,7 @@
 /**
  * Input no route may take, refused before any service sees it: a NUL character anywhere (no text
- * the platform stores may hold one: Postgres text cannot), a body nested past what can travel to
- * a service as a protobuf value, a number JSON parses to infinity (no protobuf value holds one),
+ * the platform stores may hold one: Postgres text cannot), half of a surrogate pair (not text at
+ * all), a body nested past what can travel to a service as a protobuf value, a number JSON parses to infinity (no protobuf value holds one),
  * a body field its route does not declare, and a body value of another type than its field's.
  */
 import { AjvCompiler, type ValidatorFactory } from "@fastify/ajv-compiler";
@@ -22,7 +22,9 @@ function nulRefused(): PlatformError {
 const MAX_BODY_DEPTH = 32;
 
 function tooDeep(): PlatformError {
-  return PlatformError.invalid({ code: "too_deep", message: `The request body nests deeper than ${MAX_BODY_DEPTH} levels.` });
+  const message = `The request body nests deeper than ${MAX_BODY_DEPTH} levels.`;
+  // Listed in `errors` too, as the config save lists each of its refusals.
+  return PlatformError.invalid({ code: "too_deep", message, errors: [{ code: "too_deep", message }] });
 }
 
 /** The deepest nesting of objects and arrays in JSON text (brackets inside strings do not count). */
@@ -42,10 +44,11 @@ function nestingDepth(json: string): number {
   return max;
 }
 
-function holdsNul(value: unknown): boolean {
-  if (typeof value === "string") return value.includes("\0");
-  if (Array.isArray(value)) return value.some(holdsNul);
-  if (value && typeof value === "object") return Object.entries(value).some(([k, v]) => k.includes("\0") || holdsNul(v));
+/** Whether a string of the value, a key included, is one `bad` finds. */
+function holdsString(value: unknown, bad: (text: string) => boolean): boolean {
+  if (typeof value === "string") return bad(value);
+  if (Array.isArray(value)) return value.some((v) => holdsString(v, bad));
+  if (value && typeof value === "object") return Object.entries(value).some(([k, v]) => bad(k) || holdsString(v, bad));
   return false;
 }
 
@@ -60,6 +63,8 @@ function holdsInfinity(value: unknown): boolean {
   if (value && typeof value === "object") return Object.values(value).some(holdsInfinity);
   return false;
 }
+
+const LONE_SURROGATE_ESCAPE = /\\u[dD][89a-fA-F]/;
 
 /** A number literal that may overflow a double: an exponent of three digits or more, or 309 digits. */
 const HUGE_NUMBER = /[eE][+-]?\d{3}|\d{309}/;
@@ -82,7 +87,12 @@ export function refuseUnparsed(text: string): PlatformError | null {
 export function refuseBody(text: string, value: unknown): PlatformError | null {
   if (nestingDepth(text) > MAX_BODY_DEPTH) return tooDeep();
   // The escape is rare; only a body that has it is searched for a NUL that is really in a string.
-  if (text.includes("\\u0000") && holdsNul(value)) return PlatformError.invalid({ code: "nul_character", message: NUL_MESSAGE });
+  if (text.includes("\\u0000") && holdsString(value, (t) => t.includes("\0"))) return PlatformError.invalid({ code: "nul_character", message: NUL_MESSAGE });
+  // Only a JSON escape can make half of a surrogate pair (UTF-8 text cannot hold one); stored as
+  // UTF-8 it would silently turn into U+FFFD.
+  if (LONE_SURROGATE_ESCAPE.test(text) && holdsString(value, (t) => !t.isWellFormed())) {
+    return PlatformError.invalid({ code: "lone_surrogate", message: "Input may not contain half of a UTF-16 surrogate pair (such as \\ud800 alone): it is not text." });
+  }
   if (HUGE_NUMBER.test(text) && holdsInfinity(value)) {
     return PlatformError.invalid({ code: "number_out_of_range", message: "A number in the body is too large to represent (at most about 1.8e308)." });
   }

@@ -280,11 +280,17 @@ describe("PATCH an app", () => {
     }
   });
 
+  it("counts characters as code points: 200 emoji are a display name of 200 characters", async () => {
+    const r = await patch({ display_name: "\u{1F600}".repeat(200) });
+    expect(r.app?.displayName).toBe("\u{1F600}".repeat(200));
+  });
+
   it("refuses wrong types and values (422), listing every problem", async () => {
     const cases: Array<[Record<string, unknown>, string]> = [
       [{ display_name: 5 }, "wrong_type"],
       [{ display_name: "   " }, "invalid_value"],
       [{ display_name: "x".repeat(201) }, "out_of_range"],
+      [{ display_name: "\u{1F600}".repeat(201) }, "out_of_range"],
       [{ description: "x".repeat(2001) }, "out_of_range"],
       [{ database_enabled: "true" }, "wrong_type"],
       [{ cache_enabled: 1 }, "wrong_type"],

@@ -179,7 +179,8 @@ export function readAppPatch(body: unknown, accepted: readonly PatchField[] = PA
     const value = body[field];
     if (typeof value !== "string") return refuse(field, "wrong_type", `${field} must be a string.`);
     const trimmed = value.trim();
-    if (trimmed.length > max) return refuse(field, "out_of_range", `${field} must be at most ${max} characters.`);
+    // Characters as the OpenAPI maxLength counts them: code points, so an emoji is one.
+    if ([...trimmed].length > max) return refuse(field, "out_of_range", `${field} must be at most ${max} characters.`);
     onValue(trimmed);
   };
   const flag = (field: PatchField, onValue: (value: boolean) => void) => {

@@ -153,9 +153,9 @@ export async function registerApp(
   checkRepository(input.repository, policy);
   const repositoryKey = normalizeRepository(input.repository);
   const displayName = (input.displayName ?? "").trim() || input.appName.trim();
-  if (displayName.length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
+  if ([...displayName].length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
   const description = (input.description ?? "").trim();
-  if (description.length > 2000) throw PlatformError.invalid("description must be at most 2000 characters.");
+  if ([...description].length > 2000) throw PlatformError.invalid("description must be at most 2000 characters.");
 
   // Registrations of one repository in a group are serialised, so the same-repository rule sees
   // a twin registered at the same moment under another name; so are registrations of one name,

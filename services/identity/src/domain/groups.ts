@@ -46,7 +46,7 @@ function groupExists(slug: string): PlatformError {
 
 function checkDisplayName(input: string): string {
   const displayName = input.trim();
-  if (displayName.length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
+  if ([...displayName].length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
   return displayName;
 }
 
