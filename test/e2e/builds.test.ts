@@ -137,14 +137,17 @@ describe("a build on a real agent", () => {
     expect((await call(api, "GET", `/logs?build_id=${buildId}`, { credential: globex })).body.logs).toEqual([]);
   });
 
-  it("a failing build ends failed with a useful error and its output", async () => {
-    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "failing-build", repository: failing.url, auto_deploy: false } });
+  it("a failing build ends failed with a useful error and its output; its deploy cannot be retried", async () => {
+    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "failing-build", repository: failing.url, auto_deploy: true } });
     const build = await untilFinished(acme, r.body.build_id);
     expect(build.status).toBe("failed");
     expect(build.error_message).toMatch(/exited with code 1/);
     const logs = await call(api, "GET", `/builds/id/${r.body.build_id}/logs`, { credential: acme });
     expect(logs.body.status).toBe("failed");
     expect(logs.body.log.length).toBeGreaterThan(0);
+    await waitFor(async () => (await call(api, "GET", "/deployments?app_name=failing-build", { credential: acme })).body.items, (items) => items[0]?.status === "failed", 30_000);
+    const retry = await call(api, "POST", "/apps/failing-build/retry", { credential: acme });
+    expect(retry).toMatchObject({ status: 409, body: { detail: { code: "build_not_completed", build_id: r.body.build_id } } });
   });
 
   it("completes a build whose log is larger than one bus message, and the builds after it", async () => {
@@ -176,6 +179,10 @@ describe("a build on a real agent", () => {
     expect(r.body.detail).toMatchObject({ code: "preflight_quarantined", message: expect.stringContaining("preflight") });
     const skipped = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git", auto_deploy: false } });
     expect(skipped.status).toBe(202);
+    // Retry is refused for the quarantine first, though nothing was ever deployed.
+    const retry = await call(api, "POST", "/apps/brand-new/retry", { credential: acme });
+    expect(retry).toMatchObject({ status: 409, body: { detail: { code: "preflight_quarantined", message: expect.stringContaining("preflight") } } });
+    expect((await call(api, "POST", "/apps/brand-new/retry", { credential: acme, body: { now: true } })).status).toBe(422);
   });
 
   it("builds a registered app with its own config path: another one sent is 409, a bad one 422", async () => {

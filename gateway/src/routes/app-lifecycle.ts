@@ -102,7 +102,15 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       path,
       {
         config: { access: { scope: "deploy" } },
-        schema: { tags: ["apps"], summary, description, params: appParams, querystring: branchQuery, response: { 202: queuedAction, ...authErrors, ...bodyErrors } },
+        schema: {
+          tags: ["apps"],
+          summary,
+          description,
+          params: appParams,
+          querystring: branchQuery,
+          body: { type: ["object", "null"], properties: {}, additionalProperties: false, description: "No fields; an empty body or `{}`." },
+          response: { 202: queuedAction, ...authErrors, ...bodyErrors },
+        },
       },
       async (request, reply) => {
         const { app_name } = request.params as { app_name: string };
@@ -117,7 +125,8 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     "/api/apps/:app_name/retry",
     "RETRY",
     "Retry the latest failed deploy of the branch (same image, phases from the start).",
-    "409 `nothing_to_retry` when the latest deploy did not fail; 409 while quarantined by preflight.",
+    "409 while quarantined by preflight (said first, with the remediation); 409 `nothing_to_retry` when the latest deploy did not fail; " +
+      "409 `build_not_completed` (with `build_id`) when it failed because its build failed or was cancelled: there is no image to deploy again.",
   );
   simple(
     "/api/apps/:app_name/reconcile",

@@ -269,9 +269,12 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             break;
           }
           case "RETRY": {
+            const release = (imageTag: string) => apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag });
+            // A quarantined app is told its remediation first (spec section 7), whatever there is to retry.
+            if (app.preflightStatus !== "ready" && app.preflightStatus !== "exempt") await release("");
             const failed = await ctx.read((em) => retryTarget(em, target.groupSlug, target.appName, target.branch));
             // The quarantine and the image are checked as for any deploy.
-            await apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag: failed.imageTag ?? "" });
+            await release(failed.imageTag ?? "");
             const action = await ctx.write(async (em) => {
               await retryTarget(em, target.groupSlug, target.appName, target.branch);
               return queueAppAction(

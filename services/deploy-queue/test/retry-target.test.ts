@@ -28,7 +28,7 @@ afterAll(async () => {
 
 const write = <T>(fn: (em: EntityManager) => Promise<T>) => orm.em.fork().transactional(fn);
 
-async function action(appName: string, actionType: string, status: string, minutesAgo: number): Promise<Action> {
+async function action(appName: string, actionType: string, status: string, minutesAgo: number, dependsOn: string | null = null): Promise<Action> {
   return write(async (em) =>
     em.create(Action, {
       id: randomUUID(),
@@ -42,6 +42,7 @@ async function action(appName: string, actionType: string, status: string, minut
       payload: {},
       createdBy: "api_key:k",
       createdAt: new Date(Date.now() - minutesAgo * 60_000),
+      dependsOn,
     }),
   );
 }
@@ -59,6 +60,19 @@ describe("retryTarget", () => {
     await action("cart", "DEPLOY", "failed", 10);
     await action("cart", "UNDEPLOY", "completed", 5);
     await expect(target("cart")).rejects.toMatchObject({ status: 409, detail: { code: "nothing_to_retry", message: expect.stringContaining("is an undeploy (completed)") } });
+  });
+
+  it("refuses build_not_completed when the deploy failed because its build did not complete", async () => {
+    const build = await action("api", "BUILD", "failed", 10);
+    await action("api", "DEPLOY", "failed", 9, build.id);
+    await expect(target("api")).rejects.toMatchObject({
+      status: 409,
+      detail: { code: "build_not_completed", build_id: build.id, message: expect.stringContaining(`its build ${build.id} failed`) },
+    });
+    // A deploy that ran after its build completed is retried.
+    const rebuilt = await action("api", "BUILD", "completed", 5);
+    const deploy = await action("api", "DEPLOY", "failed", 4, rebuilt.id);
+    expect((await target("api")).id).toBe(deploy.id);
   });
 
   it("refuses nothing_to_retry when the latest deployment did not fail", async () => {

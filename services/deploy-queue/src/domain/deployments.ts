@@ -237,6 +237,18 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
         : `App '${appName}' (branch ${branch}) has no deploy to retry.`,
     });
   }
+  // A deploy that never ran because its build did not complete has no image to run again: the
+  // build is what failed, and a retry of the deploy cannot mend it.
+  const dependency = latest.dependsOn ? await em.findOne(Action, { id: latest.dependsOn }, { fields: ["id", "actionType", "status"] }) : null;
+  if (dependency?.actionType === "BUILD" && dependency.status !== "completed") {
+    throw PlatformError.conflict({
+      code: "build_not_completed",
+      message:
+        `The latest deploy of '${appName}' (branch ${branch}) failed because its build ${dependency.id} ${dependency.status === "cancelled" ? "was cancelled" : "failed"}: ` +
+        `there is no image to deploy again. Fix the build, then build again (POST /api/builds, or redeploy with rebuild).`,
+      build_id: dependency.id,
+    });
+  }
   return latest;
 }
 
