@@ -46,6 +46,9 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   };
   const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
   const shipper = new LogShipper({ bus, defaults: { instance_id: config.AGENT_HOST_ID }, logger });
+  // A replica that crashed or came back is told at once, not at the next heartbeat: the services
+  // route would say not_running for up to 30 s of an app serving again (or running while it is down).
+  let beatOnChange: (() => void) | null = null;
   const runtime = await startRuntimeHost({
     hostId: config.AGENT_HOST_ID,
     runDir: config.AGENT_RUN_DIR,
@@ -61,14 +64,17 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     bus,
     logger,
     ship: (line) => void shipper.ship(line),
+    onChange: () => beatOnChange?.(),
   });
 
   const beat = async () => {
     const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, process.cwd(), runtime.inventory());
     bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
   };
+  const beatNow = () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed"));
   await beat();
-  const timer = setInterval(() => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")), HEARTBEAT_INTERVAL_MS);
+  beatOnChange = beatNow;
+  const timer = setInterval(beatNow, HEARTBEAT_INTERVAL_MS);
   // Every agent hears of a renamed group (identity's group_renamed) and relabels what it runs in it;
   // the fleet's view of its services follows at once rather than at the next heartbeat. A durable
   // of its own, acked once the host state is saved: a rename while the agent was down (or a crash
@@ -107,7 +113,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,
-    onFinished: () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed")),
+    onFinished: beatNow,
   });
   // The server knows the subscriptions before the agent says it is ready.
   await bus.nc.flush();

@@ -37,6 +37,8 @@ export interface RuntimeHostOptions {
   bus: Bus;
   logger: Logger;
   ship(line: LogLineInput): void;
+  /** A replica crashed or was restarted: what the host runs changed outside any action. */
+  onChange?(): void;
 }
 
 /** How often the router is checked for a restart (it then gets the whole table again). */
@@ -84,7 +86,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const supervisor = new Supervisor({
     driver,
     logger: o.logger,
-    onEvent: (e) =>
+    onEvent: (e) => {
       o.ship({
         source: "agent",
         level: e.kind === "restarted" ? "info" : e.kind === "crashed" ? "warning" : "error",
@@ -95,7 +97,9 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
         instance_id: o.hostId,
         message: e.message,
         metadata: { replica: e.replicaId, event: e.kind, exit: e.exit ?? null },
-      }),
+      });
+      o.onChange?.();
+    },
   });
 
   // What ran before this agent started keeps running: adopt it. A replica that died meanwhile

@@ -327,6 +327,20 @@ describe("recovery", () => {
   });
 });
 
+describe("recovery of a replica", () => {
+  it("says the service runs again as soon as a restarted agent has brought back a replica that died meanwhile", async () => {
+    const url = (await getApp()).urls[0] as string;
+    expect((await viaRouter(`${url}/crash`)).body).toBe("exiting\n");
+    await fleet.restart("agent");
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+    // Told in a heartbeat when the replica is back, not at the next one 30 s later.
+    await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services[0], { timeout: 10_000 }).toMatchObject({
+      status: "running",
+      runtime: { replicas_running: 1 },
+    });
+  });
+});
+
 describe("scale, primary services and visibility", () => {
   const scale = (replicas: unknown) => call(api, "PATCH", `/apps/${APP}/services/web/replicas`, { credential: acme, body: { replicas } });
   const deployed = (id: string) => waitFor(async () => (await call(api, "GET", `/deployments/${id}`, { credential: acme })).body, (d) => ["completed", "failed"].includes(d.status), 60_000);
