@@ -14,6 +14,7 @@ import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, DeployQueueService } from "@platform/proto";
 import { startWorkLane } from "./work.ts";
 import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
+import { clearAbandonedWork } from "./work-dir.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
@@ -39,7 +40,9 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   const startedAt = new Date();
   const bus = await connectBus({ url: config.NATS_URL, name: `agent-${config.AGENT_HOST_ID}`, prefix: config.BUS_PREFIX ?? "", logger });
 
-
+  // Before any preflight or build of this agent could be using the work directory.
+  const cleared = await clearAbandonedWork(resolvePath(config.AGENT_WORK_DIR));
+  if (cleared.workspaces > 0) logger.info(cleared, "work left by a stopped agent cleared (workspaces removed, build commands still running in them killed)");
   const preflightDeps: PreflightDeps = {
     workDir: resolvePath(config.AGENT_WORK_DIR),
     allowFileRepos: allowFileRepos(config),

@@ -45,6 +45,8 @@ export interface BuildDeps {
    * there, so a deploy on this host starts it without unpacking the image it was just packed into.
    */
   releaseDir?(job: BuildJob): string;
+  /** Said first in the build's log, as a warning (the agent restarted during an earlier run, say). */
+  notice?: string;
 }
 
 export interface BuildOutcome {
@@ -228,6 +230,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
   };
 
   try {
+    if (deps.notice) emit("warning", deps.notice);
     await enter("clone");
     const repo = checkRepositoryUrl(job.repository, deps.allowFileRepos);
     if (!repo.ok) throw new BuildFailure(repo.detail);

@@ -161,7 +161,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
         const claim = await asked.finally(() => claiming.delete(actionId));
         if (claim.drop) return "dropped";
         if (claim.claimed && claim.action) {
-          const ran = run(actionId, actionType, claim.action);
+          const ran = run(actionId, actionType, claim.action, claim.resumed);
           executing.set(actionId, ran.catch(() => undefined));
           try {
             await ran;
@@ -195,7 +195,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     }
   };
 
-  const run = async (actionId: string, actionType: string, action: ActionMsg) => {
+  const run = async (actionId: string, actionType: string, action: ActionMsg, resumed: boolean) => {
     let phaseNow = "";
     const reports = phaseReports(async (name) => {
       const answer = await untilAnswered(() => queue.reportProgress({ actionId, hostId, phase: name, message: "" }), {
@@ -234,23 +234,21 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     async function runBuildAction(payloadJson: string, phase: PhaseFn) {
       const job = JSON.parse(payloadJson) as BuildJob;
       job.action_id = actionId;
-      return runBuild(job, {
-        ...opts.build,
-        hostId,
-        log: (line) =>
-          opts.log({
-            action_id: actionId,
-            build_id: job.build_id,
-            app_name: job.app_name,
-            branch: job.branch,
-            group_slug: job.group_slug,
-            level: line.level,
-            message: line.message,
-            service_name: line.service_name,
-            source: "build",
-          }),
-        phase,
-      });
+      const log: BuildDeps["log"] = (line) =>
+        opts.log({
+          action_id: actionId,
+          build_id: job.build_id,
+          app_name: job.app_name,
+          branch: job.branch,
+          group_slug: job.group_slug,
+          level: line.level,
+          message: line.message,
+          service_name: line.service_name,
+          source: "build",
+        });
+      // A build is not resumed half-way: what the stopped agent had done is thrown away.
+      const notice = resumed ? `The agent on host ${hostId} restarted while this build ran; the build starts again from the clone.` : undefined;
+      return runBuild(job, { ...opts.build, hostId, log, phase, notice });
     }
 
     async function runDeployAction(type: string, payloadJson: string, phase: PhaseFn) {

@@ -173,6 +173,23 @@ describe("a build on a real agent", () => {
     }
   });
 
+  it("runs a build again from the clone when its agent restarted during it, and says why in the build's log", async () => {
+    const slow = await makeFixtureRepo("node-web", { files: { "build.js": "setTimeout(() => console.log('slow build done'), 4000);\n" } });
+    try {
+      const r = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "slow-build", repository: slow.url, auto_deploy: false } });
+      expect(r.status).toBe(202);
+      await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body.phase, { timeout: 60_000 }).toBe("build:web");
+      await fleet.restart("agent");
+      const build = await untilFinished(acme, r.body.build_id);
+      expect(build.status).toBe("completed");
+      const { log } = (await call(api, "GET", `/builds/id/${r.body.build_id}/logs`, { credential: acme })).body;
+      expect(log).toMatch(/^The agent on host \S+ restarted while this build ran; the build starts again from the clone\./);
+      expect(log.match(/slow build done/g)).toHaveLength(1);
+    } finally {
+      await slow.cleanup();
+    }
+  });
+
   it("refuses a quarantined app with 409 and remediation text, unless preflight is skipped", async () => {
     const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git" } });
     expect(r.status).toBe(409);

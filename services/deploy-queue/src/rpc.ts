@@ -428,6 +428,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           drop: r.drop,
           blockingActionId: r.admission?.verdict === "refuse" ? (r.admission.blockingActionId ?? "") : "",
           action: r.claimed ? await view(r.action, now) : undefined,
+          resumed: r.admission?.verdict === "resume",
         };
       },
 
