@@ -499,11 +499,13 @@ export class Deployer {
     }
     await this.#stopReplicas(pending.replicas);
     await d.state.clearInflight(pending.actionId);
+    const serving = d.state.app(pending.key);
+    const kept = serving && serving.colour !== pending.next.colour ? `${serving.tag} kept serving` : "nothing was serving";
     if (cancelled) {
-      emit("warning", `${what}, and the deploy was cancelled before the swap: the new colour was stopped and the running version kept serving.`);
+      emit("warning", `${what}, and the deploy was cancelled before the swap: the new colour was stopped; ${kept}.`);
       return finish("cancelled", CANCELLED_BEFORE_SWAP);
     }
-    const message = `${what}, before the swap: the new colour was stopped and the running version kept serving.`;
+    const message = `${what}, before the swap: the new colour was stopped; ${kept}.`;
     emit("error", message);
     return finish("failed", message);
   }

@@ -231,8 +231,10 @@ it("resumed there when the queue took a cancel meanwhile, stops the new colour: 
   void stoppedAtSwapCommit().deploy(redeploy);
   await swapCommitWritten(redeploy.action_id);
 
+  lines.length = 0;
   const cancelled = await new Deployer({ ...baseDeps, phase: async (name) => name === "swap_committed" }).deploy(redeploy);
   expect(cancelled).toMatchObject({ status: "cancelled", error_message: "Cancelled before the swap." });
+  expect(lines).toContain(`The agent restarted during the deploy, and the deploy was cancelled before the swap: the new colour was stopped; ${before.tag} kept serving.`);
   expect(state.appOf("node-web", "main")).toMatchObject({ colour: before.colour, tag: before.tag });
   expect(state.allInflight()).toEqual([]);
   expect(driver.list().filter((r) => r.running).map((r) => r.spec.id)).toEqual(serving);

@@ -321,6 +321,7 @@ describe("recovery", () => {
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);
     expect(done).toMatchObject({ status: "failed", error_message: expect.stringContaining("agent restarted during the deploy") });
+    expect(done.error_message).toContain(`${app.running_version} kept serving`);
     expect(await appAfter("failed")).toMatchObject({ running_version: app.running_version, deploy_warning: expect.stringContaining("still serves") });
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
     await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services[0].status, { timeout: 30_000 }).toBe("running");

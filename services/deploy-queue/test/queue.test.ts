@@ -526,6 +526,20 @@ describe("reads", () => {
     expect(d.narrative).toContain(`waiting for ${buildId} (queued)`);
     expect(d.hint).toContain(`starts when BUILD ${buildId} completes`);
     expect(d.blockingActionId).toBe(buildId);
+
+    // The build runs on a host that went silent: the deploy's hint says so, not "nothing to do".
+    await heartbeat("h-gone");
+    await claim(buildId, "h-gone");
+    await sql("update agents set last_seen = now() - interval '2 minutes' where host_id = ?", ["h-gone"]);
+    const silent = await client.diagnoseAction({ caller: acme, actionId: deployId });
+    expect(silent.hint).toContain("host h-gone, which runs it, has been silent since 2 min ago");
+    expect(silent.hint).toContain("fails after 3 minutes without progress");
+
+    // An error message ending in a full stop is not given a second one.
+    await client.completeAction({ actionId: buildId, hostId: "h-gone", status: "failed", errorMessage: "The build command exited with code 1." });
+    const failed = await client.diagnoseAction({ caller: acme, actionId: buildId });
+    expect(failed.narrative).toMatch(/: The build command exited with code 1\.$/);
+    expect(failed.narrative).not.toContain("..");
   });
 });
 

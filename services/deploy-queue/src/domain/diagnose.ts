@@ -13,12 +13,18 @@ import { admissionInput } from "./claims.ts";
 import { FAST_RPC_TYPES } from "./lifecycle.ts";
 import { getVisibleAction } from "./lookup.ts";
 import { withStuckClass, type ActionView } from "./queue.ts";
+import { ORPHANED_AFTER_MS } from "./orphans.ts";
 
 export interface Diagnosis {
   view: ActionView;
   narrative: string;
   hint: string;
   blockingActionId: string | null;
+}
+
+/** Text ended as a sentence: a message that already ends with its own full stop gets no second one. */
+function sentence(text: string): string {
+  return /[.!?]$/.test(text) ? text : `${text}.`;
 }
 
 function ago(from: Date, now: Date): string {
@@ -47,11 +53,11 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
       hint = "Nothing to do: the action completed.";
       break;
     case "failed":
-      lines.push(`${name} failed ${ago(action.completedAt ?? action.updatedAt, now)}: ${action.errorMessage ?? "no error message was reported"}.`);
+      lines.push(sentence(`${name} failed ${ago(action.completedAt ?? action.updatedAt, now)}: ${action.errorMessage ?? "no error message was reported"}`));
       hint = `Read the error and the logs (GET /api/logs?action_id=${action.id}), fix the cause, then trigger it again.`;
       break;
     case "cancelled":
-      lines.push(`${name} was cancelled ${ago(action.completedAt ?? action.updatedAt, now)}${action.cancelReason ? ` (reason: ${action.cancelReason})` : ""}${action.errorMessage ? `: ${action.errorMessage}` : ""}.`);
+      lines.push(sentence(`${name} was cancelled ${ago(action.completedAt ?? action.updatedAt, now)}${action.cancelReason ? ` (reason: ${action.cancelReason})` : ""}${action.errorMessage ? `: ${action.errorMessage}` : ""}`));
       hint = "It was cancelled; trigger it again if it is still wanted.";
       break;
     case "in_progress": {
@@ -90,7 +96,7 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
         lines.push(`It was dispatched to any agent (work.any): no agent was live then. ${liveAgents.length} agent(s) live now.`);
       }
       if (action.admissionCheckReason) {
-        lines.push(`The agent last refused to claim it ${ago(action.lastAdmissionCheckAt ?? action.updatedAt, now)}: ${action.admissionCheckReason}.`);
+        lines.push(sentence(`The agent last refused to claim it ${ago(action.lastAdmissionCheckAt ?? action.updatedAt, now)}: ${action.admissionCheckReason}`));
       } else {
         lines.push("No agent has tried to claim it yet.");
       }
@@ -103,7 +109,12 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
       if (dryRun.verdict === "refuse" && dryRun.blockingActionId) blocking = await em.findOne(Action, { id: dryRun.blockingActionId });
       if (dryRun.verdict === "refuse") {
         if (dependency && dryRun.blockingActionId === dependency.id) {
-          hint = `It starts when ${dependency.actionType} ${dependency.id} completes; nothing to do.`;
+          const runner = dependency.status === "in_progress" && dependency.claimedBy ? await em.findOne(Agent, { hostId: dependency.claimedBy }) : null;
+          hint =
+            runner && !isLive(runner.lastSeen, now)
+              ? `It starts when ${dependency.actionType} ${dependency.id} completes, but host ${runner.hostId}, which runs it, has been silent since ${ago(runner.lastSeen, now)}: ` +
+                `check that host's agent; if it does not come back, the ${dependency.actionType} fails after ${ORPHANED_AFTER_MS / 60_000} minutes without progress, and this action with it.`
+              : `It starts when ${dependency.actionType} ${dependency.id} completes; nothing to do.`;
         } else if (blocking && blocking.status === "in_progress") {
           hint = `It starts when ${blocking.actionType} ${blocking.id} finishes.`;
         } else {
