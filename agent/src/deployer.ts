@@ -245,6 +245,8 @@ export class Deployer {
     const enter = async (name: string) => {
       current = name;
       phases[name] ??= [];
+      // The output so far is recorded with the deploy in flight, for a restarted agent to show.
+      if (inflight) await d.state.setInflight(inflight);
       if (await d.phase(name)) throw new DeployCancelled(`Cancelled before ${name}.`);
     };
     const result: Record<string, unknown> = { previous_tag: previous?.tag ?? null, runtime: d.driver.name, host: d.hostId };
@@ -253,10 +255,15 @@ export class Deployer {
       return { status, error_message: error, result };
     };
 
-    const pending = d.state.inflight(job.action_id);
-    if (pending) return this.#resume(pending, emit, finish, { confirm: () => d.phase("swap_committed", { wait: true }) });
-
     let inflight: InflightDeploy | null = null;
+    const pending = d.state.inflight(job.action_id);
+    if (pending) {
+      // What the stopped agent had done stays in the deploy's phases; how it ended is the resume's.
+      Object.assign(phases, structuredClone(pending.phases ?? {}));
+      current = "resume";
+      return this.#resume(pending, emit, finish, { confirm: () => d.phase("swap_committed", { wait: true }) });
+    }
+
     try {
       await enter("setup");
       // The tag's tree is made ready (fetched, unpacked) while its release is resolved.
@@ -289,7 +296,7 @@ export class Deployer {
         services: {},
         since: new Date().toISOString(),
       };
-      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next, previous };
+      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next, previous, phases };
       for (const [name, service] of services) {
         const replicas: ReplicaSpec[] = [];
         for (let i = 0; i < service.replicas; i++) {

@@ -45,6 +45,8 @@ export interface InflightDeploy {
   next: DeployedApp;
   /** The app as it ran when the deploy began: the colour to drain (absent in older records). */
   previous?: DeployedApp;
+  /** Output of each phase so far, kept with the record: a deploy resumed after a restart still shows it. */
+  phases?: Record<string, string[]>;
 }
 
 interface StateFile {

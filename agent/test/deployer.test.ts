@@ -172,6 +172,11 @@ it("resumed after the agent stopped while draining, stops the colour that served
   // Claimed again after the restart: the deploy is finished, the old colour drained.
   const resumed = await deployer.deploy(redeploy);
   expect(resumed.status).toBe("completed");
+  // The phases the stopped agent went through are still the deploy's, with how it was resumed.
+  const phases = resumed.result.phases as Record<string, string>;
+  expect(Object.keys(phases)).toEqual(["setup", "start", "health_check", "ready", "swap_committed", "drain", "resume"]);
+  expect(phases.start).toContain("Started replica 1");
+  expect(phases.resume).toContain("after the swap commit: the deploy was finished");
   expect(state.inflight(redeploy.action_id)).toBeUndefined();
   const running = driver.list().filter((r) => r.running).map((r) => r.spec.id);
   expect(running).toHaveLength(1);

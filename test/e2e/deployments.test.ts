@@ -322,6 +322,9 @@ describe("recovery", () => {
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);
     expect(done).toMatchObject({ status: "failed", error_message: expect.stringContaining("agent restarted during the deploy") });
     expect(done.error_message).toContain(`${app.running_version} kept serving`);
+    // The phases the killed agent went through stay in the deployment's logs, with how it ended.
+    const phases = (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body.phases.map((p: { name: string }) => p.name);
+    expect(phases).toEqual(expect.arrayContaining(["setup", "start", "health_check", "resume"]));
     expect(await appAfter("failed")).toMatchObject({ running_version: app.running_version, deploy_warning: expect.stringContaining("still serves") });
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
     await expect.poll(async () => (await call(api, "GET", `/services/${APP}`, { credential: acme })).body.services[0].status, { timeout: 30_000 }).toBe("running");
