@@ -42,9 +42,13 @@ describe("branches", () => {
   });
 
   it("refuses what git refuses", () => {
-    for (const bad of ["", "a..b", "/a", "a/", "a b", "a~1", "a^", "a:b", "x.lock", "a//b", "a@{1}"]) {
+    for (const bad of ["", "a..b", "/a", "a/", "a b", "a~1", "a^", "a:b", "x.lock", "a//b", "a@{1}", "-rf", "@", ".hidden", "a/.b", "a.lock/b", "a.", "a\x7f", "a?", "a*", "a[1"]) {
       expect(status(() => checkBranch(bad)), bad).toBe(422);
     }
+  });
+
+  it("takes every name git takes that these rules are near", () => {
+    for (const good of ["a-b", "a.b", "a@b", "release/1.2", "x/y-lock", "feature/-x", "v1.lock2"]) expect(checkBranch(good)).toBe(good);
   });
 });
 

@@ -35,12 +35,22 @@ export function branchLabel(branch: string): string {
   return label;
 }
 
-const BRANCH = /^(?!\/)(?!.*\/\/)(?!.*\.\.)(?!.*@\{)[^\s~^:?*[\\\x00-\x1f]{1,200}(?<![/.])$/;
+/** Characters git allows nowhere in a ref name: controls, space, ~ ^ : ? * [ and backslash. */
+const BRANCH_CHARACTERS = /^[^\s~^:?*[\\\x00-\x1f\x7f]{1,200}$/;
 
-/** Git's own rules for a branch name, roughly `git check-ref-format --branch`. */
+/** Git's own rules for a branch name, as `git check-ref-format --branch` applies them. */
 export function checkBranch(branch: string): string {
   const value = branch.trim();
-  if (!BRANCH.test(value) || value.endsWith(".lock")) throw PlatformError.invalid(`'${branch}' is not a valid git branch name.`);
+  const components = value.split("/");
+  const valid =
+    BRANCH_CHARACTERS.test(value) &&
+    !value.startsWith("-") &&
+    value !== "@" &&
+    !value.includes("..") &&
+    !value.includes("@{") &&
+    !value.endsWith(".") &&
+    components.every((c) => c !== "" && !c.startsWith(".") && !c.endsWith(".lock"));
+  if (!valid) throw PlatformError.invalid(`'${branch}' is not a valid git branch name.`);
   return value;
 }
 
