@@ -237,8 +237,9 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     emit("info", `Cloning ${job.branch} of ${job.repository}`);
     const env = gitEnv();
     const clone = await runGit(
-      [...gitProtocolConfig(deps.allowFileRepos), "clone", "--depth", "1", "--single-branch", "--branch", job.branch, "--", job.repository, src],
-      { env, deadline },
+      // Into a path relative to the workspace: git's messages name it, and the agent's paths are no user's business.
+      [...gitProtocolConfig(deps.allowFileRepos), "clone", "--depth", "1", "--single-branch", "--branch", job.branch, "--", job.repository, path.relative(workspace, src)],
+      { env, deadline, cwd: workspace },
     );
     if (clone.timedOut) throw new BuildFailure("The clone did not finish within the build's time limit.");
     if (clone.code !== 0) throw new BuildFailure(`Clone failed: ${gitFailureDetail(clone.stderr)}`);

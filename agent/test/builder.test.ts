@@ -69,6 +69,14 @@ it("keeps nothing of a build no deploy follows", async () => {
   await expect(stat(releaseDir(path.join(dir, "run"), "acme", "node-web", repo.branch, "main-00000002"))).rejects.toThrow(/ENOENT/);
 });
 
+it("fails the build of a branch the repository lacks with git's reason, naming no path of the agent's", async () => {
+  const outcome = await runBuild({ ...job("ghost-00000001", false), branch: "ghost" }, deps());
+  expect(outcome.status).toBe("failed");
+  expect(outcome.error_message).toMatch(/^Clone failed: .*ghost/);
+  expect(outcome.error_message).not.toContain(dir);
+  expect(outcome.result.log).not.toContain(dir);
+});
+
 it("fails a build whose image the fleet's store does not take within the build's time limit", async () => {
   const started = Date.now();
   const outcome = await runBuild(job("main-00000003", false), { ...deps(), timeoutMs: 3_000, publishImage: () => new Promise<void>(() => undefined) });
