@@ -190,6 +190,22 @@ describe("a build on a real agent", () => {
     }
   });
 
+  it("forgets a deleted app's build lines: registered again, it starts without them", async () => {
+    const doomed = await makeFixtureRepo("node-web");
+    try {
+      const r = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "doomed", repository: doomed.url, auto_deploy: false } });
+      expect((await untilFinished(acme, r.body.build_id)).status).toBe("completed");
+      const lines = async () => (await call(api, "GET", `/logs?app_name=doomed&source=build`, { credential: acme })).body;
+      await expect.poll(async () => (await lines()).total, { timeout: 30_000 }).toBeGreaterThan(0);
+      expect((await call(api, "DELETE", "/apps/doomed", { credential: acme })).status).toBe(204);
+      await expect.poll(async () => (await call(api, "GET", `/logs?build_id=${r.body.build_id}`, { credential: acme })).body.total, { timeout: 30_000 }).toBe(0);
+      expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "doomed", repository: doomed.url } })).status).toBe(201);
+      expect(await lines()).toMatchObject({ logs: [], total: 0 });
+    } finally {
+      await doomed.cleanup();
+    }
+  });
+
   it("refuses a quarantined app with 409 and remediation text, unless preflight is skipped", async () => {
     const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "brand-new", repository: "https://example.invalid/x.git" } });
     expect(r.status).toBe(409);

@@ -666,32 +666,49 @@ export interface GroupEventConsumerOptions {
   deleted?(em: EntityManager, event: GroupDeleted): Promise<void>;
 }
 
+export interface EventConsumerOptions<T> {
+  bus: Bus;
+  orm: MikroORM;
+  logger: Logger;
+  /** Names the durable (`<service>-<name>`) and the ledger (`<service>.<name>`). */
+  service: string;
+  name: string;
+  subject: string;
+  /** Reads the event's data; throws when it is malformed. */
+  parse(data: Record<string, unknown>): T;
+  handle(em: EntityManager, event: T): Promise<void>;
+}
+
 /**
- * The consumers of a service that keeps rows under group slugs: each group event handled once,
- * its writes committed with the ledger row (handleOnce). A malformed event is terminated:
- * redelivering it would never make it valid.
+ * A durable consumer of one domain event: each event handled once, its writes committed with the
+ * ledger row (handleOnce). A malformed event is terminated: redelivering it would never make it valid.
  */
-export async function consumeGroupEvents(opts: GroupEventConsumerOptions): Promise<RunningConsumer> {
+export function consumeEvent<T>(opts: EventConsumerOptions<T>): Promise<RunningConsumer> {
   const { bus, logger } = opts;
+  return runConsumer({
+    bus,
+    stream: streams(bus.prefix).events.name,
+    durable: `${opts.service}-${opts.name}`,
+    filterSubject: bus.subject(opts.subject),
+    logger,
+    async handle(msg) {
+      let event: T;
+      try {
+        event = opts.parse(msg.json<EventEnvelope>().data ?? {});
+      } catch (err) {
+        logger.error({ err, subject: msg.subject }, "malformed event dropped");
+        msg.term();
+        return;
+      }
+      await handleOnce(opts.orm, `${opts.service}.${opts.name}`, msg, (em) => opts.handle(em, event));
+    },
+  });
+}
+
+/** The consumers of a service that keeps rows under group slugs (consumeEvent for each group event). */
+export async function consumeGroupEvents(opts: GroupEventConsumerOptions): Promise<RunningConsumer> {
   const start = <T>(name: string, subject: string, parse: (data: Record<string, unknown>) => T, handle: (em: EntityManager, event: T) => Promise<void>) =>
-    runConsumer({
-      bus,
-      stream: streams(bus.prefix).events.name,
-      durable: `${opts.service}-${name}`,
-      filterSubject: bus.subject(subject),
-      logger,
-      async handle(msg) {
-        let event: T;
-        try {
-          event = parse(msg.json<EventEnvelope>().data ?? {});
-        } catch (err) {
-          logger.error({ err, subject: msg.subject }, "malformed event dropped");
-          msg.term();
-          return;
-        }
-        await handleOnce(opts.orm, `${opts.service}.${name}`, msg, (em) => handle(em, event));
-      },
-    });
+    consumeEvent({ bus: opts.bus, orm: opts.orm, logger: opts.logger, service: opts.service, name, subject, parse, handle });
   const consumers = [await start("group-renamed", events.groupRenamed, parseGroupRenamed, opts.renamed)];
   if (opts.deleted) consumers.push(await start("group-deleted", events.groupDeleted, parseGroupDeleted, opts.deleted));
   return {

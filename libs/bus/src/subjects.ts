@@ -26,6 +26,11 @@ export const events = {
    * build id) and, with auto_deploy, the dependent DEPLOY.
    */
   buildRequested: "events.apps_builds.build_requested",
+  /**
+   * An app's branch was deleted, or its builds purged by an undeploy: services drop what they
+   * still keep of them (health-aggregator: the builds' log lines, and every line of a deleted branch).
+   */
+  buildsDeleted: "events.apps_builds.builds_deleted",
   /** An app's live route must follow its visibility: deploy-queue queues a RECONCILE_ROUTING. */
   reconcileRequested: "events.apps_builds.reconcile_requested",
   /** A queue action changed state (claimed, phase, finished); apps-builds keeps builds rows in step. */

@@ -4,7 +4,7 @@
  */
 import { loadConfig, serviceEnv } from "@platform/config";
 import { startService, type RunningService, type ServiceConfig } from "@platform/service";
-import { consumeGroupEvents } from "@platform/bus";
+import { consumeEvent, consumeGroupEvents, subjects } from "@platform/bus";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
@@ -12,6 +12,7 @@ import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
 import { logBranchesDroppedMigrations } from "./migrations/0004_log_branches_dropped.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
+import { forgetBuilds, parseBuildsDeleted } from "./domain/builds-deleted.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
 
@@ -53,7 +54,17 @@ export async function build(
         renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
         deleted: (em, e) => forgetGroup(em, e.slugs),
       });
-      return [() => groups.stop(), () => started.stop(), () => logStore.close()];
+      const builds = await consumeEvent({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "health-aggregator",
+        name: "builds-deleted",
+        subject: subjects.events.buildsDeleted,
+        parse: parseBuildsDeleted,
+        handle: forgetBuilds,
+      });
+      return [() => builds.stop(), () => groups.stop(), () => started.stop(), () => logStore.close()];
     },
   });
   return Object.assign(running, { store: store!, ingestion: ingestion! });

@@ -636,6 +636,36 @@ describe("a renamed or deleted group", () => {
   });
 });
 
+describe("deleted builds", () => {
+  async function announce(data: Record<string, unknown>) {
+    const id = randomUUID();
+    await bus.js.publish(bus.subject(subjects.events.buildsDeleted), JSON.stringify({ id, data }), { msgID: id });
+  }
+  const builds = async (ids: string[]) => (await db.query<{ n: number }>("select count(*)::int as n from log_builds where build_id = any($1)", [ids])).rows[0]!.n;
+
+  it("drops a purged build's lines, and every line of a deleted branch, nothing of another branch", async () => {
+    const [purged, kept, other] = [randomUUID(), randomUUID(), randomUUID()];
+    const line = (branch: string, source: string, build_id?: string): LogLineInput => ({
+      ts: ago(MIN), source, app_name: "gone", group_slug: "acme", branch, build_id, service_name: build_id ? undefined : "web", message: `${branch} ${source} ${build_id ?? ""}`,
+    });
+    await shipAndWait(
+      [line("feature", "build", purged), line("feature", "build", kept), line("feature", "container"), line("main", "build", other), line("main", "container")],
+      "app_name = 'gone'",
+      [],
+      5,
+    );
+    await announce({ group_slug: "acme", app_name: "gone", branch: "feature", build_ids: [purged], branch_deleted: false });
+    await until(async () => (await count("build_id = $1", [purged])) === 0, "the purged build's lines gone");
+    expect(await builds([purged])).toBe(0);
+    expect(await count("app_name = 'gone'")).toBe(4);
+
+    await announce({ group_slug: "acme", app_name: "gone", branch: "feature", build_ids: [kept], branch_deleted: true });
+    await until(async () => (await count("app_name = 'gone' and branch = 'feature'")) === 0, "the deleted branch's lines gone");
+    expect(await builds([kept, other])).toBe(1);
+    expect(await count("app_name = 'gone' and branch = 'main'")).toBe(2);
+  });
+});
+
 describe("an unreachable store", () => {
   it("answers an empty page with an error, not a failure", async () => {
     const port = await freePort();

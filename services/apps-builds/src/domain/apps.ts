@@ -5,6 +5,7 @@ import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
+import { announceBuildsDeleted } from "./purge.ts";
 
 export function appNotFound(appName: string, branch?: string): PlatformError {
   return PlatformError.notFound(branch ? `App '${appName}' has no branch '${branch}'` : `App '${appName}' not found`);
@@ -67,5 +68,6 @@ export async function deleteApp(em: EntityManager, caller: Caller, appName: stri
       message: `Branch '${target.branch}' is production for '${appName}'; promote another branch with set-production first.`,
     });
   }
+  await announceBuildsDeleted(em, target, true);
   em.remove(target);
 }

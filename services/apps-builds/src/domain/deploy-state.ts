@@ -18,6 +18,7 @@
 import type { EntityManager } from "@platform/db";
 import { deriveFeatureFlags, type AppConfig } from "@platform/app-config";
 import { App, Build } from "../entities/index.ts";
+import { announceBuildsDeleted } from "./purge.ts";
 
 export const DEPLOY_ACTION_TYPES = new Set(["DEPLOY", "RETRY", "UNDEPLOY"]);
 
@@ -84,6 +85,7 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         app.runningBuildId = null;
         if (u.result?.purge === true) {
           // purge: the images went with the undeploy; the builds that made them go too.
+          await announceBuildsDeleted(em, app, false);
           app.buildCount += await em.nativeDelete(Build, { appId: app.id });
           app.latestBuild = null;
         }
