@@ -645,7 +645,7 @@ describe("deleted builds", () => {
 
   it("drops a purged build's lines, and every line of a deleted branch, nothing of another branch", async () => {
     const [purged, kept, other] = [randomUUID(), randomUUID(), randomUUID()];
-    const line = (branch: string, source: string, build_id?: string): LogLineInput => ({
+    const line = (branch: string, source: LogLineInput["source"], build_id?: string): LogLineInput => ({
       ts: ago(MIN), source, app_name: "gone", group_slug: "acme", branch, build_id, service_name: build_id ? undefined : "web", message: `${branch} ${source} ${build_id ?? ""}`,
     });
     await shipAndWait(
