@@ -1,8 +1,9 @@
 /**
  * Input no route may take, refused before any service sees it: a NUL character anywhere (no text
  * the platform stores may hold one: Postgres text cannot), half of a surrogate pair (not text at
- * all), a body nested past what can travel to a service as a protobuf value, a number JSON parses to infinity (no protobuf value holds one),
- * a body field its route does not declare, and a body value of another type than its field's.
+ * all), a body nested past what can travel to a service as a protobuf value, a number JSON parses
+ * to infinity (no protobuf value holds one), a body field its route does not declare, a body value
+ * of another type than its field's, and a number in the URL not written plainly.
  */
 import { AjvCompiler, type ValidatorFactory } from "@fastify/ajv-compiler";
 import type { FastifySchemaCompiler, RouteOptions } from "fastify";

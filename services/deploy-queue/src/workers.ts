@@ -1,8 +1,8 @@
 /**
  * The service's background work: the consumers turning events into actions (build_requested,
- * reconcile_requested, preflight_requested and preflight_checked; durable, idempotent per event), the heartbeat subscription feeding the
- * agents registry, and the periodic jobs (re-dispatch away from silent hosts, failing the actions
- * of silent agents, pruning of terminal rows).
+ * reconcile_requested, preflight_requested and preflight_checked; durable, idempotent per event),
+ * the heartbeat subscription feeding the agents registry, and the periodic jobs (re-dispatch away
+ * from silent hosts, failing the actions of silent agents, pruning of terminal rows).
  */
 import { handleBatchOnce, parseBuildRequested, receivedEvents, runBatchConsumer, subjects, traceHeaders, type BuildRequested, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import { sqlPool, type EntityManager } from "@platform/db";
