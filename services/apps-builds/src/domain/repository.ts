@@ -38,8 +38,9 @@ export function checkRepository(repository: string, policy: RepositoryPolicy): v
 
 /**
  * `https://GitHub.com/Acme/Web.git/`, `ssh://git@github.com:22/acme/web` and
- * `git@github.com:acme/web.git` all normalise to `github.com/acme/web`. What is no URL at all
- * is the 422 of `checkRepository`.
+ * `git@github.com:acme/web.git` all normalise to `github.com/acme/web`, and so does
+ * `https://www.github.com/acme/web`: a `www.` host serves the same repositories as the host
+ * itself. What is no URL at all is the 422 of `checkRepository`.
  */
 export function normalizeRepository(repository: string): string {
   const value = repository.trim();
@@ -61,5 +62,5 @@ export function normalizeRepository(repository: string): string {
     host = url.protocol === "file:" ? "file" : url.protocol === "ssh:" && url.port === "22" ? url.hostname : url.host;
   }
   path = path.replace(/\/+$/, "").replace(/\.git$/i, "").replace(/^\/+/, "");
-  return `${host.toLowerCase()}/${path.toLowerCase()}`;
+  return `${host.toLowerCase().replace(/^www\./, "")}/${path.toLowerCase()}`;
 }

@@ -8,6 +8,7 @@ import { cloneDataMigrations } from "./0006_clone_data.ts";
 import { deploymentMigrations } from "./0007_deployments.ts";
 import { deployUpdateOrderMigrations } from "./0008_deploy_update_order.ts";
 import { firstDeployMigrations } from "./0009_first_deploy.ts";
+import { repositoryKeyWwwMigrations } from "./0010_repository_key_www.ts";
 
 export const appsBuildsMigrations = [
   ...migrations,
@@ -19,4 +20,5 @@ export const appsBuildsMigrations = [
   ...deploymentMigrations,
   ...deployUpdateOrderMigrations,
   ...firstDeployMigrations,
+  ...repositoryKeyWwwMigrations,
 ];
