@@ -115,6 +115,8 @@ describe("a build on a real agent", () => {
     expect((await call(api, "GET", `/builds/node-web/${tag}`, { credential: acme })).body.id).toBe(buildId);
     const list = await call(api, "GET", "/builds?app_name=node-web&limit=1", { credential: acme });
     expect(list.body).toMatchObject({ total: 1, items: [expect.objectContaining({ id: buildId })] });
+    const byWrittenName = await call(api, "GET", `/builds?app_name=${encodeURIComponent("Node Web")}&limit=1`, { credential: acme });
+    expect(byWrittenName.body.items[0]?.id).toBe(buildId);
     expect((await call(api, "GET", "/builds?limit=0", { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", "/builds?limit=201", { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", `/builds/id/${buildId.slice(0, 7)}`, { credential: acme })).status).toBe(422);
