@@ -181,6 +181,12 @@ describe("registration", () => {
       { app_name: "ok", repository: "ftp://example.com/a.git" },
       { app_name: "ok", repository: "https://example.com/a.git", config_path: "../x.yaml" },
       { app_name: "ok", repository: "https://example.com/a.git", branch: "a..b" },
+      // An empty string is not "not given": each of these would otherwise fall back to its default.
+      ...["branch", "config_path", "copy_vars_from_branch", "clone_data_from_branch", "seed_from_reference"].map((field) => ({
+        app_name: "ok",
+        repository: "https://example.com/a.git",
+        [field]: "",
+      })),
       { app_name: "ok" },
     ]) {
       const r = await call(api, "POST", "/apps", { credential: acme, body });

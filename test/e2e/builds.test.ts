@@ -118,6 +118,7 @@ describe("a build on a real agent", () => {
     const byWrittenName = await call(api, "GET", `/builds?app_name=${encodeURIComponent("Node Web")}&limit=1`, { credential: acme });
     expect(byWrittenName.body.items[0]?.id).toBe(buildId);
     expect((await call(api, "GET", "/builds?limit=0", { credential: acme })).status).toBe(422);
+    expect((await call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", branch: "" } })).status).toBe(422);
     expect((await call(api, "GET", "/builds?limit=201", { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", `/builds/id/${buildId.slice(0, 7)}`, { credential: acme })).status).toBe(422);
     expect((await call(api, "GET", "/builds/id/zzzzzzzz", { credential: acme })).status).toBe(422);

@@ -475,6 +475,7 @@ describe("another group's ids are not found", () => {
     }
     expect((await call(api, "GET", `/services/${APP}`, { credential: globex })).status).toBe(404);
     expect((await call(api, "GET", "/deployments/short/logs", { credential: acme })).status).toBe(422);
+    expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: { branch: "" } })).status).toBe(422);
     // A deployment's action is no build: its build log is not found, not made up from the queue.
     expect((await call(api, "GET", `/builds/id/${id}/logs`, { credential: acme })).status).toBe(404);
   });

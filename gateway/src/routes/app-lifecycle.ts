@@ -231,7 +231,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           "`branch` omitted: the branch that runs (several running: 409 naming one to choose; none: the production branch). `purge` also deletes the branch's images and builds.",
         params: appParams,
         querystring: { type: "object", properties: commonQuery },
-        body: { type: ["object", "null"], properties: { branch: { type: "string" }, purge: { type: "boolean", default: false } }, additionalProperties: false },
+        body: { type: ["object", "null"], properties: { branch: { type: "string", minLength: 1 }, purge: { type: "boolean", default: false } }, additionalProperties: false },
         response: {
           202: {
             type: "object",

@@ -92,7 +92,7 @@ export function buildRoutes(
           properties: {
             app_name: { type: "string", minLength: 1, maxLength: 128 },
             repository: { type: "string" },
-            branch: { type: "string", default: "main" },
+            branch: { type: "string", minLength: 1, default: "main" },
             auto_deploy: {
               type: "boolean",
               default: true,
