@@ -175,6 +175,9 @@ describe("a build deployed by the agent", () => {
   it("retries the failed deploy (409 when the latest did not fail) and redeploys the latest image", async () => {
     const retry = await call(api, "POST", `/apps/${APP}/retry`, { credential: acme });
     expect(retry.status).toBe(202);
+    // The queue shows the commit the retry runs again, as for the deploy it retries.
+    const queued = (await call(api, "GET", `/deployments/queue/${retry.body.action_id}`, { credential: acme })).body;
+    expect(queued).toMatchObject({ action_type: "RETRY", commit_message: "crash", commit_author: expect.stringContaining("Platform Fixtures") });
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${retry.body.deployment_id}`, { credential: acme })).body, (d) => ["completed", "failed"].includes(d.status), 60_000);
     expect(done).toMatchObject({ action_type: "RETRY", status: "failed" });
 
@@ -192,11 +195,13 @@ describe("a build deployed by the agent", () => {
     expect((await getApp()).running_version).toBe(v3.tag);
   });
 
-  it("refuses to queue a deployment of a service the release does not declare, nothing queued", async () => {
+  it("refuses to queue a deployment of a service the release does not declare, or static-site settings for a container app, nothing queued", async () => {
     const before = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total;
     const undeclared = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: ["web", "nope"] } });
     expect(undeclared).toMatchObject({ status: 400, body: { detail: { code: "service_not_declared", services: ["nope"] } } });
     expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: [123] } })).status).toBe(422);
+    const staticOnly = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, spa_fallback: true } });
+    expect(staticOnly).toMatchObject({ status: 400, body: { detail: { code: "static_site_fields", fields: ["spa_fallback"] } } });
     expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
     expect((await getApp()).deploy_status).toBe("running");
   });

@@ -9,6 +9,8 @@ import type { Deployment, DeployQueueService } from "@platform/proto";
 import { callerOf } from "../access.ts";
 import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
+/** The settings POST /api/deployments takes for `type: static` apps only. */
+const STATIC_SITE_FIELDS = ["aliases", "record_fqdn", "cert_arn_us_east_1", "spa_fallback", "index_document", "error_document"] as const;
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 const jsonOrNull = (text: string): unknown => (text ? JSON.parse(text) : null);
 const nullable = { type: ["string", "null"] } as const;
@@ -118,7 +120,11 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
               description: "Names of services the release's config declares, to deploy only those; every service when omitted or empty. A name it does not declare is 400 `service_not_declared`.",
             },
             placement_plan: { type: "object", additionalProperties: true, description: "Operator placement hints." },
-            aliases: { type: "array", items: { type: "string" }, description: "type: static apps only." },
+            aliases: {
+              type: "array",
+              items: { type: "string" },
+              description: "This and the five fields after it are for `type: static` apps only: sent for another app, 400 `static_site_fields` naming them.",
+            },
             record_fqdn: { type: "string" },
             cert_arn_us_east_1: { type: "string" },
             spa_fallback: { type: "boolean" },
@@ -158,6 +164,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
         placementPlanJson: body.placement_plan ? JSON.stringify(body.placement_plan) : "",
         skipPreflight: skip_preflight,
         reason: "api",
+        staticSiteFields: STATIC_SITE_FIELDS.filter((f) => (request.body as Record<string, unknown>)[f] !== undefined),
       });
       reply.code(202);
       return { deployment_id: r.deploymentId, action_id: r.actionId, status: r.status, pg_id: r.actionId, image_tag: r.imageTag, branch: r.branch };

@@ -12,7 +12,7 @@ import { cancelAction } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
-import { branchBuildTags, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
+import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
@@ -158,6 +158,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           imageTag: req.imageTag,
           skipPreflight: req.skipPreflight,
         });
+        checkStaticSiteFields(req.staticSiteFields, release.configJson, release.appName);
         const services = requestedServices(parseJson(req.servicesJson, "services"), release.configJson);
         const plan = parseJson(req.placementPlanJson, "placement_plan");
         const dispatched: Dispatched[] = [];
@@ -280,7 +281,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               return queueAppAction(
                 em,
                 caller,
-                { ...target, actionType: "RETRY", imageTag: failed.imageTag, payload: { retry_of: failed.id, failed_phase: failed.phase ?? null, previous_tag: app.runningVersion ?? null, services: failed.payload?.services ?? null } },
+                { ...target, actionType: "RETRY", imageTag: failed.imageTag, commitMessage: failed.commitMessage, commitAuthor: failed.commitAuthor, payload: { retry_of: failed.id, failed_phase: failed.phase ?? null, previous_tag: app.runningVersion ?? null, services: failed.payload?.services ?? null } },
                 now,
                 dispatched,
               );

@@ -10,7 +10,7 @@ import { choosePlacement, workSubject } from "../src/domain/placement.ts";
 import { isPastPointOfNoReturn, SWAP_COMMIT_PHASE, marksSwapCommit } from "../src/domain/point-of-no-return.ts";
 import { pruneCutoff } from "../src/domain/pruning.ts";
 import { normalizeTypes, resolveLimit } from "../src/domain/queue.ts";
-import { requestedServices } from "../src/domain/deployments.ts";
+import { checkStaticSiteFields, requestedServices } from "../src/domain/deployments.ts";
 import { stuckClass } from "../src/domain/stuck.ts";
 import { ANNOUNCED_RESULT_MAX_BYTES, announcedResult } from "../src/domain/events.ts";
 
@@ -251,6 +251,20 @@ describe("the services a deployment names", () => {
       expect.unreachable();
     } catch (err) {
       expect(err).toMatchObject({ status: 400, detail: { code: "service_not_declared", services: ["nope"] } });
+    }
+  });
+});
+
+describe("the static-site settings of a deployment", () => {
+  it("are taken for a type: static app and refused with 400 for any other, naming them", () => {
+    expect(() => checkStaticSiteFields(["aliases"], JSON.stringify({ type: "static", static: { dir: "dist" } }), "site")).not.toThrow();
+    expect(() => checkStaticSiteFields([], JSON.stringify({ type: "container" }), "web")).not.toThrow();
+    try {
+      checkStaticSiteFields(["aliases", "spa_fallback"], JSON.stringify({ services: { web: {} } }), "web");
+      expect.unreachable();
+    } catch (err) {
+      expect(err).toMatchObject({ status: 400, detail: { code: "static_site_fields", fields: ["aliases", "spa_fallback"] } });
+      expect((err as { detail: { message: string } }).detail.message).toBe("'aliases', 'spa_fallback' apply to type: static apps only; 'web' is a container app.");
     }
   });
 });

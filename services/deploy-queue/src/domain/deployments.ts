@@ -55,6 +55,28 @@ export interface ReleaseRef {
 }
 
 /**
+ * The static-site settings of POST /api/deployments (`aliases`, `record_fqdn`, `spa_fallback`, ...)
+ * belong to `type: static` apps (spec doc 1 section 4.5). Sent for any other app they would do
+ * nothing, so they are refused rather than dropped without a word.
+ */
+export function checkStaticSiteFields(fields: readonly string[], configJson: string, appName: string): void {
+  if (fields.length === 0) return;
+  let type: unknown = "container";
+  try {
+    type = (JSON.parse(configJson || "{}") as { type?: unknown }).type ?? "container";
+  } catch {
+    // A config that does not parse is no static app.
+  }
+  if (type === "static") return;
+  const named = fields.map((f) => `'${f}'`).join(", ");
+  throw PlatformError.badRequest({
+    code: "static_site_fields",
+    message: `${named} ${fields.length === 1 ? "applies" : "apply"} to type: static apps only; '${appName}' is a ${String(type)} app.`,
+    fields: [...fields],
+  });
+}
+
+/**
  * The services a deployment names (POST /api/deployments `services`): names the release's config
  * declares, each once; null (every service) when none is named. A name it does not declare is the
  * spec's 400, said now rather than as a failed deploy on the app's record.
@@ -203,6 +225,9 @@ export interface AppActionInput {
   appName: string;
   branch: string;
   imageTag?: string | null;
+  /** The commit of the image it runs again (a RETRY), as the queue shows it. */
+  commitMessage?: string | null;
+  commitAuthor?: string | null;
   purge?: boolean;
   serviceName?: string | null;
   action?: "restart" | "stop" | "start" | null;
@@ -268,6 +293,8 @@ export async function createAppAction(em: EntityManager, input: AppActionInput, 
     appName: input.appName,
     branch: input.branch,
     imageTag: input.imageTag ?? null,
+    commitMessage: input.commitMessage ?? null,
+    commitAuthor: input.commitAuthor ?? null,
     deployWarnings: [],
     serviceName: input.serviceName ?? null,
     action: input.action ?? null,
