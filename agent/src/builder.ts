@@ -28,6 +28,12 @@ export interface BuildJob {
 
 export type LogLevel = "info" | "warning" | "error";
 
+/** What a phase report may tell the queue besides the phase's name. */
+export interface PhaseFacts {
+  /** A BUILD's commit, known once the clone is done. */
+  commit?: { hash: string; message: string; author: string; committed_at: string };
+}
+
 export interface BuildDeps {
   hostId: string;
   workDir: string;
@@ -36,8 +42,8 @@ export interface BuildDeps {
   timeoutMs: number;
   /** One line of build output (also kept for the stored log). */
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
-  /** Reports a phase; true means cancel was requested and the build must stop. */
-  phase(name: string, opts?: { wait?: boolean }): Promise<boolean>;
+  /** Reports a phase (with what is learned by then); true means cancel was requested and the build must stop. */
+  phase(name: string, opts?: { wait?: boolean } & PhaseFacts): Promise<boolean>;
   /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
   publishImage(app: string, tag: string, file: string): Promise<void>;
   /**
@@ -211,10 +217,10 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
   // command ran is known only from the answer to a report sent after it. The phase after a command
   // therefore waits for its own answer, or a cancel during the last command would never be seen.
   let commandRan = false;
-  const enter = async (name: string) => {
+  const enter = async (name: string, facts: PhaseFacts = {}) => {
     current = name;
     phases[name] ??= [];
-    if (await deps.phase(name, { wait: commandRan })) throw new BuildCancelled(`Cancelled before ${name}.`);
+    if (await deps.phase(name, { wait: commandRan, ...facts })) throw new BuildCancelled(`Cancelled before ${name}.`);
     if (Date.now() >= deadline) throw new BuildFailure(`The build exceeded its time limit of ${Math.round(deps.timeoutMs / 1000)} s.`);
   };
 
@@ -245,10 +251,12 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     if (clone.code !== 0) throw new BuildFailure(`Clone failed: ${gitFailureDetail(clone.stderr)}`);
     const show = await runGit(["log", "-1", "--format=%H%n%an <%ae>%n%cI%n%s"], { env, cwd: src, deadline });
     const [hash = "", author = "", committedAt = "", ...subject] = show.stdout.toString("utf8").trimEnd().split("\n");
-    Object.assign(result, { commit_hash: hash, commit_author: author, commit_committed_at: committedAt, commit_message: subject.join("\n") });
+    const commit = { hash, author, committed_at: committedAt, message: subject.join("\n") };
+    Object.assign(result, { commit_hash: hash, commit_author: author, commit_committed_at: committedAt, commit_message: commit.message });
     emit("info", `Commit ${hash.slice(0, 12)} by ${author}: ${subject.join(" ")}`);
 
-    await enter("config");
+    // The queue and the builds row show the commit from here on, while the build runs.
+    await enter("config", { commit });
     const configPath = checkConfigPath(job.config_path || "platform.yaml");
     if (!configPath.ok) throw new BuildFailure(configPath.detail);
     const file = path.join(src, configPath.path);

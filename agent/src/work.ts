@@ -9,7 +9,7 @@ import type { Client } from "@connectrpc/connect";
 import { runConsumer, subjects, type Bus, type EventEnvelope, type JsMsg, type RunningConsumer } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { Action as ActionMsg, DeployQueueService } from "@platform/proto";
-import { runBuild, type BuildDeps, type BuildJob, type LogLevel } from "./builder.ts";
+import { runBuild, type BuildDeps, type BuildJob, type LogLevel, type PhaseFacts } from "./builder.ts";
 import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
 import { failureStatus, untilAnswered } from "./until-answered.ts";
 
@@ -71,7 +71,7 @@ export interface WorkLane {
   stop(): Promise<void>;
 }
 
-type PhaseFn = (name: string, opts?: { wait?: boolean }) => Promise<boolean>;
+type PhaseFn = (name: string, opts?: { wait?: boolean } & PhaseFacts) => Promise<boolean>;
 
 /**
  * The phase reports of one action, sent in order without holding the work up: a report costs a
@@ -81,14 +81,18 @@ type PhaseFn = (name: string, opts?: { wait?: boolean }) => Promise<boolean>;
  * swap commit, the point of no return) waits for the answer to its own report. Once the queue
  * said cancel, later phases are not reported.
  */
-export function phaseReports(report: (name: string) => Promise<boolean>): { enter(name: string, opts?: { wait?: boolean }): Promise<boolean>; settled(): Promise<void> } {
+export function phaseReports(report: (name: string, facts: PhaseFacts) => Promise<boolean>): {
+  enter(name: string, opts?: { wait?: boolean } & PhaseFacts): Promise<boolean>;
+  settled(): Promise<void>;
+} {
   let cancelled = false;
   let chain: Promise<boolean> = Promise.resolve(false);
   return {
     async enter(name, opts) {
+      const facts: PhaseFacts = opts?.commit ? { commit: opts.commit } : {};
       const mine = chain.then(async (before) => {
         if (before) return true;
-        const now = await report(name);
+        const now = await report(name, facts);
         if (now) cancelled = true;
         return now;
       });
@@ -197,8 +201,9 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
 
   const run = async (actionId: string, actionType: string, action: ActionMsg, resumed: boolean) => {
     let phaseNow = "";
-    const reports = phaseReports(async (name) => {
-      const answer = await untilAnswered(() => queue.reportProgress({ actionId, hostId, phase: name, message: "" }), {
+    const reports = phaseReports(async (name, facts) => {
+      const commit = facts.commit ? { hash: facts.commit.hash, message: facts.commit.message, author: facts.commit.author, committedAt: facts.commit.committed_at } : undefined;
+      const answer = await untilAnswered(() => queue.reportProgress({ actionId, hostId, phase: name, message: "", commit }), {
         forMs: PHASE_REPORT_PATIENCE_MS,
         stopping: () => stopping,
       });

@@ -63,6 +63,22 @@ it("keeps the built tree of a build that a deploy follows where the deploy looks
   expect(await readdir(path.join(dir, "work"))).toEqual([]);
 });
 
+it("tells the queue the commit with the phase after the clone, as the result has it", async () => {
+  const reported: Array<{ name: string; commit?: unknown }> = [];
+  const outcome = await runBuild(job("main-00000003", false), {
+    ...deps(),
+    phase: async (name, opts) => {
+      reported.push({ name, commit: opts?.commit });
+      return false;
+    },
+  });
+  expect(outcome.status).toBe("completed");
+  const commit = { hash: repo.head, author: expect.stringContaining("Platform Fixtures"), committed_at: expect.any(String), message: expect.any(String) };
+  expect(reported.find((r) => r.name === "config")?.commit).toEqual(commit);
+  expect(reported.filter((r) => r.commit !== undefined).map((r) => r.name)).toEqual(["config"]);
+  expect(outcome.result).toMatchObject({ commit_hash: repo.head });
+});
+
 it("keeps nothing of a build no deploy follows", async () => {
   const outcome = await runBuild(job("main-00000002", false), deps());
   expect(outcome.status).toBe("completed");

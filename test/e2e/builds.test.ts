@@ -176,12 +176,17 @@ describe("a build on a real agent", () => {
     }
   });
 
-  it("runs a build again from the clone when its agent restarted during it, and says why in the build's log", async () => {
+  it("shows the commit of a running build, and runs a build again from the clone when its agent restarted during it, saying why in its log", async () => {
     const slow = await makeFixtureRepo("node-web", { files: { "build.js": "setTimeout(() => console.log('slow build done'), 4000);\n" } });
     try {
       const r = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "slow-build", repository: slow.url, auto_deploy: false } });
       expect(r.status).toBe(202);
       await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body.phase, { timeout: 60_000 }).toBe("build:web");
+      // While it runs, the queue and the builds row already show the commit it builds.
+      expect((await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body.commit_author).toContain("Platform Fixtures");
+      await expect
+        .poll(async () => (await call(api, "GET", `/builds/id/${r.body.build_id}`, { credential: acme })).body, { timeout: 10_000 })
+        .toMatchObject({ status: "queued", commit_hash: slow.head, commit_author: expect.stringContaining("Platform Fixtures") });
       await fleet.restart("agent");
       const build = await untilFinished(acme, r.body.build_id);
       expect(build.status).toBe("completed");

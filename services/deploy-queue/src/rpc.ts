@@ -434,7 +434,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
       },
 
       async reportProgress(req) {
-        return ctx.write((em) => reportProgress(em, { actionId: req.actionId, hostId: req.hostId, phase: req.phase, message: req.message }, new Date()));
+        return ctx.write((em) => reportProgress(em, { actionId: req.actionId, hostId: req.hostId, phase: req.phase, message: req.message, commit: req.commit }, new Date()));
       },
 
       async completeAction(req) {

@@ -402,6 +402,23 @@ describe("admit-force", () => {
   });
 });
 
+describe("progress", () => {
+  it("keeps a running build's commit from the report that carries it; its completion has the last word", async () => {
+    const { buildId } = await queueBuild();
+    await claim(buildId, "h-commit");
+    const commit = { hash: "a".repeat(40), message: "Fix the thing", author: "Ann <ann@example.com>", committedAt: "2026-11-24T10:00:00+01:00" };
+    await client.reportProgress({ actionId: buildId, hostId: "h-commit", phase: "config", commit });
+    expect(await row(buildId)).toMatchObject({
+      status: "in_progress",
+      commitMessage: "Fix the thing",
+      commitAuthor: "Ann <ann@example.com>",
+      result: { commit_hash: commit.hash, commit_message: "Fix the thing", commit_author: "Ann <ann@example.com>", commit_committed_at: commit.committedAt },
+    });
+    await client.completeAction({ actionId: buildId, hostId: "h-commit", status: "completed", resultJson: JSON.stringify({ commit_hash: commit.hash, commit_message: "Fix the thing", images: [] }) });
+    expect((await row(buildId))?.result).toEqual({ commit_hash: commit.hash, commit_message: "Fix the thing", images: [] });
+  });
+});
+
 describe("cancel", () => {
   it("cancels a queued build outright and cascades to its deploy", async () => {
     const { buildId, deployId, req } = await queueBuild();

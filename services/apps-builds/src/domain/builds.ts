@@ -443,6 +443,12 @@ export async function applyActionUpdate(em: EntityManager, update: ActionUpdate)
     build.codebuildPhase = "PROVISIONING";
   }
   if (update.phase && !TERMINAL.has(update.status)) build.codebuildPhase = "BUILD";
+  // The commit is known once the clone is done, before the build ends (the agent reports it then).
+  const r = update.result ?? {};
+  build.commitHash = r.commit_hash ?? build.commitHash;
+  build.commitMessage = r.commit_message ?? build.commitMessage;
+  build.commitAuthor = r.commit_author ?? build.commitAuthor;
+  if (r.commit_committed_at) build.commitCommittedAt = new Date(r.commit_committed_at);
   if (!TERMINAL.has(update.status)) return build;
 
   const completedAt = update.completed_at ? new Date(update.completed_at) : new Date();
@@ -451,11 +457,6 @@ export async function applyActionUpdate(em: EntityManager, update: ActionUpdate)
   build.completedAt = completedAt;
   if (build.startedAt) build.durationSeconds = Math.max(0, Math.round((completedAt.getTime() - build.startedAt.getTime()) / 1000));
   build.errorMessage = update.status === "failed" ? (update.error_message ?? "The build failed.") : null;
-  const r = update.result ?? {};
-  build.commitHash = r.commit_hash ?? build.commitHash;
-  build.commitMessage = r.commit_message ?? build.commitMessage;
-  build.commitAuthor = r.commit_author ?? build.commitAuthor;
-  if (r.commit_committed_at) build.commitCommittedAt = new Date(r.commit_committed_at);
   if (r.images) build.images = r.images;
   if (r.log !== undefined) build.log = r.log;
   if (r.config && typeof r.config === "object") build.config = r.config;

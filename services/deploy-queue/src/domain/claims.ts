@@ -170,6 +170,8 @@ export interface ProgressReport {
   hostId: string;
   phase: string;
   message: string;
+  /** A BUILD's commit, once its clone resolved it. */
+  commit?: { hash: string; message: string; author: string; committedAt: string };
 }
 
 /**
@@ -188,12 +190,33 @@ export async function reportProgress(em: EntityManager, report: ProgressReport, 
   // An agent resumed after a restart confirms a swap commit the queue may hold already (the
   // action may be draining by now): that phase does not go back.
   const reconfirmed = marksSwapCommit(phase) && !!action.swapCommittedAt;
+  const learned = action.actionType === "BUILD" && report.commit?.hash ? learnCommit(action, report.commit) : false;
   if (phase && phase !== action.phase && !reconfirmed) {
     action.phase = phase;
     if (marksSwapCommit(phase) && !action.swapCommittedAt) action.swapCommittedAt = now;
     announce(em, action, now);
+  } else if (learned) {
+    announce(em, action, now);
   }
   return { cancelRequested: action.cancelRequested && !isPastPointOfNoReturn(action) };
+}
+
+/**
+ * A running BUILD's commit, shown by its queue row and (through the announced result) its builds
+ * row before the build ends; the completion's result replaces it. False when already known.
+ */
+function learnCommit(action: Action, commit: NonNullable<ProgressReport["commit"]>): boolean {
+  if (action.result?.commit_hash === commit.hash) return false;
+  action.commitMessage = commit.message || null;
+  action.commitAuthor = commit.author || null;
+  action.result = {
+    ...action.result,
+    commit_hash: commit.hash,
+    commit_message: commit.message,
+    commit_author: commit.author,
+    ...(commit.committedAt ? { commit_committed_at: commit.committedAt } : {}),
+  };
+  return true;
 }
 
 export interface Completion {
