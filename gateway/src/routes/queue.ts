@@ -71,7 +71,15 @@ const queueRowProperties = {
   auto_deploy: { type: "boolean" },
   admission_check_reason: { ...nullable, description: "Why the agent last refused to claim it; cleared on a successful claim." },
   last_admission_check_at: { ...nullable, description: "When the admission gates were last evaluated for it." },
-  stuck_class: { type: ["string", "null"], enum: ["never_claimed", "admission_refused", "in_progress", "build_in_progress", null] },
+  stuck_class: {
+    type: ["string", "null"],
+    enum: ["never_claimed", "admission_refused", "in_progress", "build_in_progress", null],
+    description:
+      "Why a live action is not moving, computed on read. `build_in_progress`: queued behind its dependency (a deploy behind its build), still live; " +
+      "`admission_refused`: queued, and the agent's last claim was refused (`admission_check_reason`); `never_claimed`: queued over 2 minutes with no claim tried; " +
+      "`in_progress`: claimed, and no report from its agent for over 2 minutes, or for over a minute while its host sends no heartbeat either " +
+      "(after 3 minutes without progress it is failed). Null while it moves normally, and for finished actions.",
+  },
   deploy_warnings: { type: "array", items: { type: "string" }, description: "Non-default decisions the agent applied." },
   service_name: { ...nullable, description: "SERVICE_ACTION rows only." },
   action: { type: ["string", "null"], enum: ["restart", "stop", "start", null], description: "SERVICE_ACTION rows only." },

@@ -141,10 +141,19 @@ describe("stuck_class", () => {
     expect(stuckClass(deploy, "completed", now)).toBe("admission_refused");
   });
 
-  it("in_progress: claimed with no progress for over 10 minutes", () => {
+  it("in_progress: claimed with no progress for over 2 minutes", () => {
     const claimed = { ...base, status: "in_progress", claimedAt: secondsAgo(3600) };
-    expect(stuckClass({ ...claimed, progressAt: secondsAgo(601) }, null, now)).toBe("in_progress");
+    expect(stuckClass({ ...claimed, progressAt: secondsAgo(121) }, null, now)).toBe("in_progress");
     expect(stuckClass({ ...claimed, progressAt: secondsAgo(30) }, null, now)).toBeNull();
+  });
+
+  it("in_progress sooner when the claiming host has gone silent too: no report and no heartbeat for over a minute", () => {
+    const claimed = { ...base, status: "in_progress", claimedAt: secondsAgo(3600) };
+    expect(stuckClass({ ...claimed, progressAt: secondsAgo(61) }, null, now, secondsAgo(61))).toBe("in_progress");
+    // A live host, or a report within the minute, is still waited on.
+    expect(stuckClass({ ...claimed, progressAt: secondsAgo(61) }, null, now, secondsAgo(5))).toBeNull();
+    expect(stuckClass({ ...claimed, progressAt: secondsAgo(30) }, null, now, secondsAgo(90))).toBeNull();
+    expect(stuckClass({ ...claimed, progressAt: secondsAgo(61) }, null, now, null)).toBeNull();
   });
 });
 

@@ -526,6 +526,13 @@ describe("reads", () => {
     expect((await client.getAction({ caller: acme, actionId: waiting.buildId })).stuckClass).toBe("in_progress");
     await client.reportProgress({ actionId: waiting.buildId, hostId: "h-stuck", phase: "build" });
     expect((await client.getAction({ caller: acme, actionId: waiting.buildId })).stuckClass).toBeUndefined();
+    // Its host silent as well for over a minute: stuck without the full 2 minutes.
+    await heartbeat("h-stuck");
+    await sql("update actions set progress_at = now() - interval '70 seconds' where id = ?", [waiting.buildId]);
+    expect((await client.getAction({ caller: acme, actionId: waiting.buildId })).stuckClass).toBeUndefined();
+    await sql("update agents set last_seen = now() - interval '70 seconds' where host_id = 'h-stuck'");
+    expect((await client.getAction({ caller: acme, actionId: waiting.buildId })).stuckClass).toBe("in_progress");
+    await client.reportProgress({ actionId: waiting.buildId, hostId: "h-stuck", phase: "package" });
 
     await client.completeAction({ actionId: waiting.buildId, hostId: "h-stuck", status: "completed" });
     await sql("update actions set admission_check_reason = 'host h-x is at its limit', last_admission_check_at = now() where id = ?", [waiting.deployId]);

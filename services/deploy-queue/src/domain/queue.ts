@@ -10,7 +10,7 @@
 import { PlatformError } from "@platform/errors";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
-import { Action } from "../entities/index.ts";
+import { Action, Agent } from "../entities/index.ts";
 import { LIVE_STATUSES } from "./lifecycle.ts";
 import { dependencyStatuses } from "./lookup.ts";
 import { stuckClass, type StuckClass } from "./stuck.ts";
@@ -44,11 +44,19 @@ export function normalizeTypes(types: string[] = []): string[] {
 }
 
 export async function withStuckClass(em: EntityManager, actions: Action[], now: Date): Promise<ActionView[]> {
-  // Only a queued action's stuck class depends on its dependency (see stuckClass).
+  // Only a queued action's stuck class depends on its dependency, and only a running one's on
+  // its host's heartbeat (see stuckClass).
   const deps = await dependencyStatuses(em, actions.filter((a) => a.status === "queued"));
+  const claimers = [...new Set(actions.filter((a) => a.status === "in_progress" && a.claimedBy).map((a) => a.claimedBy!))];
+  const lastSeen = new Map(claimers.length > 0 ? (await em.find(Agent, { hostId: { $in: claimers } })).map((a) => [a.hostId, a.lastSeen]) : []);
   return actions.map((action) => ({
     action,
-    stuckClass: stuckClass(action, action.dependsOn ? (deps.get(action.dependsOn)?.status ?? null) : null, now),
+    stuckClass: stuckClass(
+      action,
+      action.dependsOn ? (deps.get(action.dependsOn)?.status ?? null) : null,
+      now,
+      action.claimedBy ? (lastSeen.get(action.claimedBy) ?? null) : null,
+    ),
   }));
 }
 

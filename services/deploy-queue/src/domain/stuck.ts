@@ -6,9 +6,12 @@
  * - `admission_refused`: queued, and the agent's last claim was refused (admission_check_reason);
  * - `never_claimed`: queued for more than 2 minutes and no agent has even tried to claim it;
  * - `in_progress`: claimed, and the agent has reported nothing for more than 2 minutes (a working
- *   agent reports every 20 s); after ORPHANED_AFTER_MS the action is failed (orphans.ts);
+ *   agent reports every 20 s), or for as long as its host has been silent (no heartbeat within
+ *   the live window): a host known gone is not waited on; after ORPHANED_AFTER_MS the action is
+ *   failed (orphans.ts);
  * - null otherwise (moving normally, or terminal).
  */
+import { LIVE_WINDOW_MS, isLive } from "./agents.ts";
 import { isTerminal } from "./lifecycle.ts";
 
 export const STUCK_CLASSES = ["never_claimed", "admission_refused", "in_progress", "build_in_progress"] as const;
@@ -27,8 +30,11 @@ export interface StuckInput {
   progressAt?: Date | null;
 }
 
-/** `dependencyStatus`: the status of `dependsOn` (null when there is none or it is gone). */
-export function stuckClass(action: StuckInput, dependencyStatus: string | null, now: Date): StuckClass | null {
+/**
+ * `dependencyStatus`: the status of `dependsOn` (null when there is none or it is gone);
+ * `claimerLastSeen`: the last heartbeat of the host that claimed it (null when unknown).
+ */
+export function stuckClass(action: StuckInput, dependencyStatus: string | null, now: Date, claimerLastSeen: Date | null = null): StuckClass | null {
   if (action.status === "queued") {
     if (action.dependsOn && dependencyStatus && !isTerminal(dependencyStatus)) return "build_in_progress";
     if (action.admissionCheckReason) return "admission_refused";
@@ -37,7 +43,10 @@ export function stuckClass(action: StuckInput, dependencyStatus: string | null, 
   }
   if (action.status === "in_progress") {
     const last = action.progressAt ?? action.claimedAt ?? action.createdAt;
-    return now.getTime() - last.getTime() > NO_PROGRESS_AFTER_MS ? "in_progress" : null;
+    const silentFor = now.getTime() - last.getTime();
+    if (silentFor > NO_PROGRESS_AFTER_MS) return "in_progress";
+    const hostSilent = !!claimerLastSeen && !isLive(claimerLastSeen, now);
+    return hostSilent && silentFor > LIVE_WINDOW_MS ? "in_progress" : null;
   }
   return null;
 }
