@@ -2,7 +2,7 @@
  * An action whose agent died is not left in_progress forever (deployments issue, recovery): once
  * its claiming agent has been silent (no heartbeat) and the action has had no progress report for
  * ORPHANED_AFTER_MS, it fails with a reason naming the host, and its dependents with it. While it
- * waits, stuck_class says `in_progress` (no progress for 2 minutes).
+ * waits, stuck_class says `in_progress` (see stuck.ts).
  *
  * An agent that restarts in time claims its action again and finishes or fails it cleanly itself.
  */
