@@ -76,8 +76,8 @@ export async function startCaddy(opts: StartCaddyOptions): Promise<StartedCaddy>
   await ensureBinaries(["caddy"], log);
   const bin = caddyBin()!;
   for (const [port, what] of [
-    [opts.adminPort, "Caddy's admin API"],
-    [opts.httpPort, "the router"],
+    [opts.adminPort, "Caddy's admin API (AGENT_ROUTER_ADMIN_URL)"],
+    [opts.httpPort, "the router (PLATFORM_ROUTER_PORT)"],
   ] as const) {
     if (!(await isPortFree(port))) throw new InfrastructureError(`port ${port}, meant for ${what}, is already in use`);
   }

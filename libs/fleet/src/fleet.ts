@@ -399,7 +399,8 @@ export async function startFleet(opts: StartFleetOptions): Promise<Fleet> {
     throw new FleetStartError(`missing process entry points: ${[...new Set(missing.map((s) => s.entry))].join(", ")}`);
   }
   const busy: string[] = [];
-  for (const s of specs) if (!(await isPortFree(s.port))) busy.push(`${s.port} (${s.name})`);
+  // Only the gateway's port is the user's to choose (PORT); the others are the fleet's fixed ones.
+  for (const s of specs) if (!(await isPortFree(s.port))) busy.push(`${s.port} (${s.name}${s.kind === "gateway" ? ", set by PORT" : ""})`);
   if (busy.length > 0) {
     throw new FleetStartError(`port${busy.length > 1 ? "s" : ""} already in use: ${busy.join(", ")}. Is another fleet (npm start) running?`);
   }

@@ -1,11 +1,13 @@
 /**
  * The environment's root API key (ARCHITECTURE §7): PLATFORM_ROOT_KEY when set, otherwise the one
  * stored in `.data/root-key`, otherwise a new one stored there (mode 0600) so that it survives
- * restarts of `npm start`. The identity service seeds it on its first start.
+ * restarts of `npm start`. The identity service seeds it at each start: a key it has not seen
+ * replaces (revokes) the live root key.
  */
 import fs from "node:fs";
 import path from "node:path";
 import { randomBytes } from "node:crypto";
+import { InfrastructureError } from "./infrastructure.ts";
 
 export const ROOT_KEY_PATTERN = /^pf_k1_[A-Za-z0-9_-]{43,}$/;
 
@@ -20,15 +22,30 @@ export function rootKeyFile(dataDir: string): string {
 
 function checked(key: string, from: string): string {
   if (!ROOT_KEY_PATTERN.test(key)) {
-    throw new Error(`${from} is not a root key: expected pf_k1_ followed by at least 43 base64url characters`);
+    throw new InfrastructureError(`${from} is not a root key: expected pf_k1_ followed by at least 43 base64url characters`);
   }
   return key;
 }
 
+function storedKey(file: string): string | undefined {
+  try {
+    return fs.readFileSync(file, "utf8").trim();
+  } catch {
+    return undefined;
+  }
+}
+
 export function loadOrCreateRootKey(dataDir: string, env: NodeJS.ProcessEnv = process.env): string {
-  const fromEnv = env.PLATFORM_ROOT_KEY?.trim();
-  if (fromEnv) return checked(fromEnv, "PLATFORM_ROOT_KEY");
   const file = rootKeyFile(dataDir);
+  const fromEnv = env.PLATFORM_ROOT_KEY?.trim();
+  if (fromEnv) {
+    const key = checked(fromEnv, "PLATFORM_ROOT_KEY");
+    // The seed rotates the stored key out (revoked): kept, it would be refused at the next start
+    // without the variable. Gone, that start generates a new key, which rotates this one out.
+    // The variable's value itself is never written down.
+    if (storedKey(file) !== key) fs.rmSync(file, { force: true });
+    return key;
+  }
   try {
     return checked(fs.readFileSync(file, "utf8").trim(), file);
   } catch (err) {

@@ -1,4 +1,5 @@
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -8,6 +9,7 @@ import {
   DEFAULT_DATABASE_URL,
   DEFAULT_NATS_URL,
   FleetStartError,
+  InfrastructureError,
   ROOT_KEY_PATTERN,
   ensureInfrastructure,
   formatLogLine,
@@ -54,7 +56,23 @@ describe("loadOrCreateRootKey", () => {
     const key = `pf_k1_${"a".repeat(43)}`;
     expect(loadOrCreateRootKey(dataDir, { PLATFORM_ROOT_KEY: key })).toBe(key);
     expect(fs.existsSync(rootKeyFile(dataDir))).toBe(false);
+    expect(() => loadOrCreateRootKey(dataDir, { PLATFORM_ROOT_KEY: "secret" })).toThrow(InfrastructureError);
     expect(() => loadOrCreateRootKey(dataDir, { PLATFORM_ROOT_KEY: "secret" })).toThrow(/PLATFORM_ROOT_KEY/);
+    fs.rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it("forgets the stored key that PLATFORM_ROOT_KEY rotates out: the next start without it makes a new one", () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "fleet-key-"));
+    const stored = loadOrCreateRootKey(dataDir, {});
+    const key = `pf_k1_${"b".repeat(43)}`;
+    expect(loadOrCreateRootKey(dataDir, { PLATFORM_ROOT_KEY: key })).toBe(key);
+    expect(fs.existsSync(rootKeyFile(dataDir))).toBe(false);
+    const next = loadOrCreateRootKey(dataDir, {});
+    expect(next).not.toBe(stored);
+    expect(next).not.toBe(key);
+    // The same key in both places is left alone.
+    expect(loadOrCreateRootKey(dataDir, { PLATFORM_ROOT_KEY: next })).toBe(next);
+    expect(fs.readFileSync(rootKeyFile(dataDir), "utf8").trim()).toBe(next);
     fs.rmSync(dataDir, { recursive: true, force: true });
   });
 });
@@ -156,6 +174,21 @@ describe("startFleet (stand-in processes)", () => {
     expect(fleet.logs("storage")).toContain("got SIGTERM");
     expect(fs.readFileSync(path.join(root, "logs", "storage.log"), "utf8")).toContain("got SIGTERM");
     expect(await isPortFree(ports.services.identity)).toBe(true);
+  });
+
+  it("refuses to start on a port in use, naming the variable that moves the gateway", async () => {
+    const root = scratchRepo();
+    scratch.push(root);
+    const ports = portsFromList(await freePorts(SERVICES.length + 2), 1);
+    const blocker = net.createServer();
+    await new Promise<void>((resolve) => blocker.listen(ports.gateways[0], "127.0.0.1", resolve));
+    try {
+      const err = await startFleet({ cwd: root, env: { ...process.env }, ports, output: "collect" }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(FleetStartError);
+      expect((err as Error).message).toBe(`port already in use: ${ports.gateways[0]} (gateway, set by PORT). Is another fleet (npm start) running?`);
+    } finally {
+      await new Promise((resolve) => blocker.close(resolve));
+    }
   });
 
   it("fails with the last 40 lines of a process that exits during start, and stops the others", async () => {
