@@ -64,7 +64,12 @@ const deploymentProperties = {
   updated_at: { type: "string", format: "date-time" },
   completed_at: nullable,
   placement_plan: operatorOnly,
-  instance_status: operatorOnly,
+  instance_status: {
+    ...operatorOnly,
+    description:
+      "Platform operators only; null for tenants. Each host's state of this deployment's replicas when the deployment ended (`{host: \"running\"}`): " +
+      "a record of that moment, not kept up to date (a later deploy's drain does not change it; GET /api/services/{app} says what runs now).",
+  },
   leader_instance: { ...nullable, description: "Platform operators only; null for tenants." },
   infrastructure: operatorOnly,
 } as const;
