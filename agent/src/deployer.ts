@@ -369,6 +369,7 @@ export class Deployer {
       colour: app.colour,
       index,
       tag: app.tag,
+      deploymentId: app.deploymentId,
       releaseDir: app.releaseDir,
       command: config.run ?? "",
       env: {

@@ -78,6 +78,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       group_slug: groupOf(spec),
       service_name: spec.service,
       instance_id: o.hostId,
+      deployment_id: spec.deploymentId,
       message: line.line,
       ts: line.at.toISOString(),
       metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },

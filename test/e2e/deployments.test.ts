@@ -119,6 +119,9 @@ describe("a build deployed by the agent", () => {
     await expect
       .poll(async () => (await call(api, "GET", `/logs?app_name=${APP}&source=container&search=listening`, { credential: acme })).body.logs.map((l: any) => l.message), { timeout: 20_000 })
       .toContainEqual(expect.stringMatching(/^node-web listening on \d+$/));
+    // A replica's output carries the deployment that started it: one release's output is found by its id.
+    const ofRelease = await call(api, "GET", `/logs?source=container&deployment_id=${first.deploy.id}&search=listening`, { credential: acme });
+    expect(ofRelease.body.logs[0]).toMatchObject({ deployment_id: first.deploy.id, message: expect.stringMatching(/^node-web listening on \d+$/) });
     const empty = (q: string) => call(api, "GET", `/logs?app_name=${APP}&source=container&${q}`, { credential: acme });
     expect((await empty("service_name=nope")).body).toMatchObject({ logs: [], reason: "no_log_group" });
     expect((await empty("search=nothing-says-this")).body).toMatchObject({ logs: [], reason: "no_output_yet" });

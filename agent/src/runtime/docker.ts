@@ -321,6 +321,7 @@ export function specFromLabels(labels: Record<string, string> | null | undefined
     colour: o.colour,
     index: o.index as number,
     tag: o.tag as string,
+    ...(typeof o.deploymentId === "string" ? { deploymentId: o.deploymentId } : {}),
     releaseDir: o.releaseDir as string,
     command: o.command as string,
     env: { ...(o.env as Record<string, string>) },

@@ -20,6 +20,8 @@ export interface ReplicaSpec {
   index: number;
   /** The image tag the release was built as (`{branch}-{hash}`). */
   tag: string;
+  /** The deployment that started it: its output's log lines carry it. Absent in older records. */
+  deploymentId?: string;
   /** The extracted release (the build output) the command runs in. */
   releaseDir: string;
   /** The service's `run` command, run through `sh -c`. */

@@ -30,7 +30,7 @@ const logRowSchema = {
     level: { type: "string", enum: LEVELS },
     app_name: nullableString,
     service_name: nullableString,
-    deployment_id: nullableString,
+    deployment_id: { ...nullableString, description: "The deployment a line is about; on a container line, the deployment that started the replica." },
     build_id: nullableString,
     action_id: nullableString,
     instance_id: nullableString,
