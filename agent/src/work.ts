@@ -236,21 +236,19 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       clearInterval(keepAlive);
     }
 
+    /** One line of this action's output, as the log store takes it. */
+    function shipLine(
+      job: { app_name: string; branch: string; group_slug: string },
+      line: { level: LogLevel; message: string; service_name?: string },
+      rest: Pick<Parameters<WorkLog>[0], "source" | "build_id" | "deployment_id" | "metadata">,
+    ) {
+      opts.log({ action_id: actionId, app_name: job.app_name, branch: job.branch, group_slug: job.group_slug, level: line.level, message: line.message, service_name: line.service_name, ...rest });
+    }
+
     async function runBuildAction(payloadJson: string, phase: PhaseFn) {
       const job = JSON.parse(payloadJson) as BuildJob;
       job.action_id = actionId;
-      const log: BuildDeps["log"] = (line) =>
-        opts.log({
-          action_id: actionId,
-          build_id: job.build_id,
-          app_name: job.app_name,
-          branch: job.branch,
-          group_slug: job.group_slug,
-          level: line.level,
-          message: line.message,
-          service_name: line.service_name,
-          source: "build",
-        });
+      const log: BuildDeps["log"] = (line) => shipLine(job, line, { source: "build", build_id: job.build_id });
       // A build is not resumed half-way: what the stopped agent had done is thrown away.
       const notice = resumed ? `The agent on host ${hostId} restarted while this build ran; the build starts again from the clone.` : undefined;
       return runBuild(job, { ...opts.build, hostId, log, phase, notice });
@@ -261,19 +259,12 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       const deployer = opts.deployer({
         phase,
         log: (line) =>
-          opts.log({
-            action_id: actionId,
+          shipLine(job, line, {
+            source: "deploy",
             deployment_id: job.deployment_id ?? actionId,
-            app_name: job.app_name,
-            branch: job.branch,
-            group_slug: job.group_slug,
-            level: line.level,
-            message: line.message,
-            service_name: line.service_name,
             // The phase a line belongs to; a service's line from `start` on also tells the log
             // store that the service's output stream exists (its log group).
             metadata: { phase: line.phase },
-            source: "deploy",
           }),
       });
       switch (type) {

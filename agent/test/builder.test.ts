@@ -7,7 +7,7 @@ import { afterAll, beforeAll, expect, it } from "vitest";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
+import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/fixtures/git.ts";
 import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
@@ -131,7 +131,7 @@ it("passes on a command's endless line in pieces, no half of a character in any"
     files: {
       // 300,000 characters with no line end, then a line of its own.
       "long.js": 'process.stdout.write("a" + "\\u{1F600}".repeat(150000)); process.stdout.write("\\ndone\\n");',
-      "platform.yaml": "type: container\nservices:\n  web:\n    build: node long.js\n    run: node server.js\n    port: 8080\n    health: /healthz\n",
+      "platform.yaml": webConfigBuiltBy("node long.js"),
     },
   });
   try {

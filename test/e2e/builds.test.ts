@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestFleet, type TestFleet } from "@platform/testing";
-import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../fixtures/git.ts";
 import { call, waitFor } from "./support.ts";
 
 let fleet: TestFleet;
@@ -157,7 +157,7 @@ describe("a build on a real agent", () => {
     const chatty = await makeFixtureRepo("node-web", {
       files: {
         "chatty.js": 'for (let i = 0; i < 30000; i++) console.log(`${i} ${"x".repeat(80)}`);',
-        "platform.yaml": "type: container\nservices:\n  web:\n    build: node chatty.js\n    run: node server.js\n    port: 8080\n    health: /healthz\n",
+        "platform.yaml": webConfigBuiltBy("node chatty.js"),
       },
     });
     try {
