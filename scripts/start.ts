@@ -1,9 +1,9 @@
 /**
  * `npm start`: the whole platform on this machine. Postgres, NATS and the router's Caddy are used
  * when they answer and started under .data/ when they do not; then the eight services, the
- * gateway and one agent start as child processes with their output prefixed by name. Ctrl-C
- * stops everything this started (the fleet, then the Postgres/NATS/Caddy it started; never the
- * machine's own).
+ * gateway and one agent start as child processes with their output prefixed by name. Whatever
+ * this started and then dies is started again. Ctrl-C stops everything this started (the fleet,
+ * then the Postgres/NATS/Caddy it started; never the machine's own).
  */
 import path from "node:path";
 import { GATEWAY_PORT, agentEnv, loadConfigOrExit } from "@platform/config";
@@ -81,6 +81,7 @@ async function main(): Promise<void> {
     router: { adminUrl: router.AGENT_ROUTER_ADMIN_URL, port: router.PLATFORM_ROUTER_PORT },
     dataDir: DEFAULT_DATA_DIR,
     log: (line) => say(`[infra] ${line}`),
+    keepRunning: true,
   });
   infra = (await starting) as StartedInfrastructure;
   if (stopping) return;
@@ -93,6 +94,7 @@ async function main(): Promise<void> {
     ports: defaultPorts(port),
     output: "prefix",
     signal: abort.signal,
+    restartOnExit: true,
   });
   fleet = (await starting) as Fleet;
   starting = undefined;

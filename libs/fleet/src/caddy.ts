@@ -28,6 +28,8 @@ export interface StartedCaddy {
   httpPort: number;
   pid: number;
   logFile: string;
+  /** How it ended (`exited with code 0`, `was killed by SIGKILL`); undefined while it runs. */
+  died(): string | undefined;
   /** SIGTERM, then SIGKILL after 5 s. Safe to call twice. */
   stop(): Promise<void>;
 }
@@ -142,5 +144,5 @@ export async function startCaddy(opts: StartCaddyOptions): Promise<StartedCaddy>
     }
     await sleep(100);
   }
-  return { adminUrl, httpPort: opts.httpPort, pid: child.pid!, logFile, stop };
+  return { adminUrl, httpPort: opts.httpPort, pid: child.pid!, logFile, died: () => exit, stop };
 }

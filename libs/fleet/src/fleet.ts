@@ -80,8 +80,12 @@ export interface StartFleetOptions {
   agent?: boolean;
   /** Aborting stops what was started and makes startFleet reject. */
   signal?: AbortSignal;
-  /** Called when a process exits after the fleet was ready, other than through stop(). */
-  onExit?: (proc: FleetProcess) => void;
+  /**
+   * Start again a process that exits on its own after the fleet was ready, as compose's
+   * `restart: unless-stopped` does (npm start). Waits 1 s, doubling on each exit up to 30 s; a
+   * process that ran a minute starts over at 1 s.
+   */
+  restartOnExit?: boolean;
 }
 
 export interface Fleet {
@@ -116,6 +120,9 @@ export class FleetStartError extends Error {
 const MAX_LINES = 20_000;
 const FAILURE_TAIL = 40;
 const STOP_GRACE_MS = 10_000;
+const RESTART_FIRST_MS = 1000;
+const RESTART_MAX_MS = 30_000;
+const RESTART_RESET_MS = 60_000;
 
 interface ProcessSpec {
   name: string;
@@ -452,14 +459,28 @@ export async function startFleet(opts: StartFleetOptions): Promise<Fleet> {
   }
 
   const replaced = new Set<Managed>();
-  const watch = (p: Managed) =>
+  const restartDelayMs = new Map<string, number>();
+  const watch = (p: Managed) => {
+    const startedAt = Date.now();
     void p.exited.then(() => {
       if (stopping || replaced.has(p)) return;
+      const ranMs = Date.now() - startedAt;
+      const previous = restartDelayMs.get(p.name);
+      const delayMs = previous === undefined || ranMs >= RESTART_RESET_MS ? RESTART_FIRST_MS : Math.min(previous * 2, RESTART_MAX_MS);
+      restartDelayMs.set(p.name, delayMs);
+      const plan = opts.restartOnExit ? `; starting it again in ${delayMs / 1000} s` : "";
       if (output === "prefix") {
-        process.stdout.write(`${paint(color, 31, `[${p.name}]`)} exited (${p.exitDescription()})\n`);
+        process.stdout.write(`${paint(color, 31, `[${p.name}]`)} exited (${p.exitDescription()})${plan}\n`);
       }
-      opts.onExit?.(p);
+      if (!opts.restartOnExit) return;
+      void sleep(delayMs).then(async () => {
+        if (stopping) return;
+        // A start that fails ends in the new process's own exit, which this watch sees again.
+        const again = await restart(p.name).catch(() => undefined);
+        if (again && output === "prefix") process.stdout.write(`${paint(color, 32, `[${p.name}]`)} ready again\n`);
+      });
     });
+  };
   for (const p of procs) watch(p);
 
   const restart = async (name: string, signal: NodeJS.Signals = "SIGKILL"): Promise<FleetProcess> => {
@@ -476,7 +497,13 @@ export async function startFleet(opts: StartFleetOptions): Promise<Fleet> {
     procs.splice(procs.indexOf(p), 1);
     procs[i] = p;
     watch(p);
-    await waitReady(p, readyTimeoutMs, opts.signal);
+    try {
+      await waitReady(p, readyTimeoutMs, opts.signal);
+    } catch (err) {
+      // Not ready in time yet running: ended, so that it counts as an exit like any other.
+      if (p.running()) p.child.kill("SIGKILL");
+      throw err;
+    }
     return p;
   };
 

@@ -30,6 +30,11 @@ export interface InfrastructureOptions {
   log?: InfraLog;
   /** How long to wait for a server started here to answer (default 60 s). */
   timeoutMs?: number;
+  /**
+   * Start again a server started here when it dies, as compose's `restart: unless-stopped` does
+   * (npm start): a dead Caddy would leave every deployed app unreachable until the next start.
+   */
+  keepRunning?: boolean;
 }
 
 export interface StartedInfrastructure {
@@ -300,6 +305,16 @@ async function startPostgres(databaseUrl: string, dataDir: string, log: InfraLog
   return {
     part: "postgres",
     logFile,
+    // pg_ctl daemonises the server: its pid is the first line of postmaster.pid.
+    died: () => {
+      let pid = Number.NaN;
+      try {
+        pid = Number(fs.readFileSync(path.join(pgdata, "postmaster.pid"), "utf8").split("\n", 1)[0]);
+      } catch {
+        // No postmaster.pid: the server is not running.
+      }
+      return Number.isInteger(pid) && pid > 0 && alive(pid) ? undefined : "postgres is no longer running";
+    },
     stop() {
       stopped ??= pgRun("pg_ctl", ["-D", pgdata, "-m", "fast", "-w", "-t", "30", "stop"]).then(
         () => undefined,
@@ -387,7 +402,7 @@ async function startRouterCaddy(router: { adminUrl: string; port: number }, data
     log,
     timeoutMs,
   });
-  return { part: "caddy", logFile: caddy.logFile, stop: caddy.stop };
+  return { part: "caddy", logFile: caddy.logFile, died: () => (caddy.died() ? `caddy ${caddy.died()}` : undefined), stop: caddy.stop };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -483,18 +498,19 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
   const stopAll = async () => {
     await Promise.all(started.map((s) => s.stop()));
   };
+  const launch = async (p: InfraPart): Promise<Started> => {
+    const s =
+      p === "postgres"
+        ? await startPostgres(urls[p], opts.dataDir, log)
+        : p === "nats"
+          ? await startNats(urls[p], opts.dataDir, log)
+          : await startRouterCaddy(opts.router!, opts.dataDir, log, timeoutMs);
+    started.push(s);
+    await waitUntilAnswers(labels[p], urls[p], probes[p], s, timeoutMs);
+    return s;
+  };
   try {
-    const starting = down.map(async (p) => {
-      const s =
-        p === "postgres"
-          ? await startPostgres(urls[p], opts.dataDir, log)
-          : p === "nats"
-            ? await startNats(urls[p], opts.dataDir, log)
-            : await startRouterCaddy(opts.router!, opts.dataDir, log, timeoutMs);
-      started.push(s);
-      await waitUntilAnswers(labels[p], urls[p], probes[p], s, timeoutMs);
-    });
-    const settled = await Promise.allSettled(starting);
+    const settled = await Promise.allSettled(down.map(launch));
     const failed = settled.find((r): r is PromiseRejectedResult => r.status === "rejected");
     if (failed) throw failed.reason;
   } catch (err) {
@@ -502,12 +518,69 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
     throw err;
   }
   log(`${started.map((s) => s.part).join(", ")} ready`);
+  const keeper = opts.keepRunning ? keepRunning(started, launch, log) : undefined;
   let stopping: Promise<void> | undefined;
   return {
     started: started.map((s) => s.part),
     stop() {
-      stopping ??= stopAll();
+      stopping ??= (async () => {
+        await keeper?.stop();
+        await stopAll();
+      })();
       return stopping;
+    },
+  };
+}
+
+const KEEP_CHECK_MS = 2000;
+const KEEP_RETRY_MAX_MS = 60_000;
+
+/**
+ * Watches what ensureInfrastructure started and starts again whatever dies, trying again with a
+ * doubling pause (up to a minute) while it will not start.
+ */
+function keepRunning(started: Started[], launch: (p: InfraPart) => Promise<Started>, log: InfraLog): { stop(): Promise<void> } {
+  const parts = started.map((s) => s.part);
+  const retry = new Map<InfraPart, { at: number; pauseMs: number }>();
+  let stopping = false;
+  let checking: Promise<void> | undefined;
+  const check = async () => {
+    for (const part of parts) {
+      const current = started.find((s) => s.part === part);
+      const why = current ? current.died?.() : `${part} is not running`;
+      const wait = retry.get(part);
+      if (stopping || !why || (wait && Date.now() < wait.at)) continue;
+      if (current) {
+        log(`${why}; starting ${part} again`);
+        await current.stop();
+        started.splice(started.indexOf(current), 1);
+      }
+      try {
+        await launch(part);
+        retry.delete(part);
+        log(`${part} ready again`);
+      } catch (err) {
+        const pauseMs = Math.min((wait?.pauseMs ?? KEEP_CHECK_MS / 2) * 2, KEEP_RETRY_MAX_MS);
+        retry.set(part, { at: Date.now() + pauseMs, pauseMs });
+        log(`${part} did not start again (${errorText(err).split("\n", 1)[0]}); next try in ${pauseMs / 1000} s`);
+        // launch keeps what it spawned before the failure; it is stopped before the next try.
+        const failed = started.find((s) => s.part === part);
+        if (failed) {
+          await failed.stop();
+          started.splice(started.indexOf(failed), 1);
+        }
+      }
+    }
+  };
+  const timer = setInterval(() => {
+    checking ??= check().finally(() => (checking = undefined));
+  }, KEEP_CHECK_MS);
+  timer.unref();
+  return {
+    async stop() {
+      stopping = true;
+      clearInterval(timer);
+      await checking;
     },
   };
 }

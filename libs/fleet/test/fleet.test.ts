@@ -17,6 +17,7 @@ import {
   isPortFree,
   loadOrCreateRootKey,
   portsFromList,
+  probeCaddy,
   rootKeyFile,
   startFleet,
 } from "@platform/fleet";
@@ -36,7 +37,44 @@ describe("ensureInfrastructure", () => {
     expect(fs.readdirSync(dataDir)).toEqual([]);
     fs.rmSync(dataDir, { recursive: true, force: true });
   });
+
+  it("with keepRunning, starts the Caddy it started again when it dies, and stops it for good on stop()", async () => {
+    const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "fleet-infra-"));
+    const [adminPort, routerPort] = await freePorts(2);
+    const adminUrl = `http://127.0.0.1:${adminPort}`;
+    const lines: string[] = [];
+    const infra = await ensureInfrastructure({
+      databaseUrl,
+      natsUrl,
+      router: { adminUrl, port: routerPort! },
+      dataDir,
+      log: (line) => lines.push(line),
+      keepRunning: true,
+    });
+    try {
+      expect(infra.started).toEqual(["caddy"]);
+      // Caddy's own admin API ends it (exit code 0), as a crash would.
+      await fetch(`${adminUrl}/stop`, { method: "POST" });
+      await waitUntil(async () => lines.some((l) => l.includes("starting caddy again")), 10_000);
+      await waitUntil(() => probeCaddy(adminUrl), 30_000);
+      expect(lines).toContain("caddy ready again");
+    } finally {
+      await infra.stop();
+    }
+    expect(await probeCaddy(adminUrl)).toBe(false);
+    await new Promise((r) => setTimeout(r, 3000));
+    expect(await probeCaddy(adminUrl)).toBe(false);
+    fs.rmSync(dataDir, { recursive: true, force: true });
+  });
 });
+
+async function waitUntil(done: () => boolean | Promise<boolean>, timeoutMs: number): Promise<void> {
+  const until = Date.now() + timeoutMs;
+  while (!(await done())) {
+    if (Date.now() > until) throw new Error(`not done within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
 
 describe("loadOrCreateRootKey", () => {
   it("creates a pf_k1_ key once, stores it with mode 0600, and returns the same key afterwards", () => {
@@ -203,6 +241,33 @@ describe("startFleet (stand-in processes)", () => {
     expect(message).toContain("line 50");
     expect(message).not.toContain("line 10\n");
     for (const name of SERVICES) expect(await isPortFree(ports.services[name])).toBe(true);
+  });
+
+  it("with restartOnExit, starts a process that died again on its port, and not once stop() began", async () => {
+    const root = scratchRepo();
+    scratch.push(root);
+    const ports = portsFromList(await freePorts(SERVICES.length + 2), 1);
+    const fleet = await startFleet({ cwd: root, env: { ...process.env }, ports, output: "collect", restartOnExit: true });
+    try {
+      const first = fleet.process("mailer")!;
+      process.kill(first.pid!, "SIGKILL");
+      await first.exited;
+      await waitUntil(async () => {
+        const now = fleet.process("mailer")!;
+        return now !== first && now.running() && (await fetch(`${now.url}/readyz`).then((r) => r.status === 200, () => false));
+      }, 20_000);
+      expect(fleet.process("mailer")!.pid).not.toBe(first.pid);
+
+      const second = fleet.process("hooks")!;
+      process.kill(second.pid!, "SIGKILL");
+      await second.exited;
+    } finally {
+      await fleet.stop();
+    }
+    // The restart planned 1 s after the kill does not happen: the fleet is stopping.
+    await new Promise((r) => setTimeout(r, 2000));
+    expect(fleet.process("hooks")!.running()).toBe(false);
+    expect(await isPortFree(ports.services.hooks)).toBe(true);
   });
 
   it("refuses to start when an entry point is missing", async () => {
