@@ -24,7 +24,8 @@ import net from "node:net";
 import path from "node:path";
 import { checkAppConfig, normalizeAppConfig, type NormalizedServiceConfig } from "@platform/app-config";
 import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState, type InflightDeploy } from "./host-state.ts";
-import type { Router } from "./router-types.ts";
+import type { Mutex } from "./mutex.ts";
+import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import type { Supervisor } from "./supervisor.ts";
 
@@ -80,6 +81,12 @@ export interface DeployerDeps {
   supervisor: Supervisor;
   router: Router;
   state: HostState;
+  /**
+   * Held while a front door changes together with the host state's record of it, and while the
+   * routing table is checked for drift from that record: a check between the two writes would
+   * take the one written first for drift and undo it. One per host, shared by every Deployer.
+   */
+  routingTableLock: Mutex;
   resolve(job: DeployJob): Promise<ReleaseInfo>;
   /** Downloads a tag's archive from the fleet's image store to `file` (this host did not build it). */
   fetchImage(app: string, tag: string, file: string): Promise<void>;
@@ -432,12 +439,18 @@ export class Deployer {
     const next = inflight.next;
     for (const r of inflight.replicas) this.#d.supervisor.desire(r);
     // Past the point of no return the deploy rolls forward: a router that does not answer (or
-    // lost its table) is asked again, with the whole table if need be.
+    // lost its table) is asked again, with the whole table if need be. The host state names the
+    // new colour first, so the whole table has the flip in it; an agent that stops before the
+    // router call finds the swap committed and makes it again (#resume).
     const deadline = Date.now() + COMMIT_DEADLINE_MS;
+    const since = new Date().toISOString();
     for (;;) {
       try {
-        if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
-        else await this.#d.router.remove(next.key);
+        await this.#d.routingTableLock.run(async () => {
+          await this.#d.state.setApp({ ...next, since });
+          if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
+          else await this.#d.router.remove(next.key);
+        });
         break;
       } catch (err) {
         if (Date.now() >= deadline) throw err;
@@ -446,7 +459,6 @@ export class Deployer {
         await this.reassertRoutes().catch(() => undefined);
       }
     }
-    await this.#d.state.setApp({ ...next, since: new Date().toISOString() });
     emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
     if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);
   }
@@ -528,7 +540,12 @@ export class Deployer {
       d.log({ level, message, phase: "undeploy" });
       lines.push(message);
     };
-    await d.router.remove(key);
+    // The record keeps the app, unrouted, until its replicas are stopped: an agent that stops
+    // meanwhile still knows them, and a drift check does not route to them again.
+    await d.routingTableLock.run(async () => {
+      if (app) await d.state.setApp({ ...app, hosts: [] });
+      await d.router.remove(key);
+    });
     if (app) {
       const replicas = Object.values(app.services).flatMap((s) => s.replicas);
       await this.#stopReplicas(replicas);
@@ -583,8 +600,10 @@ export class Deployer {
       service.stopped = false;
       emit("info", idle.length > 0 ? `Started ${idle.length} replica(s)` : `Every replica (${service.replicas.length}) was running already`);
     }
-    await d.state.setApp(app);
-    if (app.hosts.length > 0) await d.router.put(routeOf(app));
+    await d.routingTableLock.run(async () => {
+      await d.state.setApp(app);
+      if (app.hosts.length > 0) await d.router.put(routeOf(app));
+    });
     return { status: "completed", error_message: "", result: { phases: { [job.action ?? "service"]: lines.join("\n") } } };
   }
 
@@ -595,9 +614,11 @@ export class Deployer {
     if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: "Nothing of this branch runs on this host." } } };
     const release = await d.resolve({ ...job, image_tag: app.tag });
     app.hosts = release.hosts;
-    await d.state.setApp(app);
-    if (app.hosts.length > 0) await d.router.put(routeOf(app));
-    else await d.router.remove(app.key);
+    await d.routingTableLock.run(async () => {
+      await d.state.setApp(app);
+      if (app.hosts.length > 0) await d.router.put(routeOf(app));
+      else await d.router.remove(app.key);
+    });
     const message = app.hosts.length > 0 ? `Routed at ${app.hosts.join(", ")}` : "Private: the public route was removed";
     d.log({ level: "info", message, phase: "reconcile" });
     return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };
@@ -605,6 +626,23 @@ export class Deployer {
 
   /** After an agent start: the router gets the whole table again from the host state. */
   async reassertRoutes(): Promise<void> {
-    await this.#d.router.assertAll(this.#d.state.apps().filter((a) => a.hosts.length > 0).map(routeOf));
+    await this.#d.routingTableLock.run(() => this.#d.router.assertAll(this.#routingTable()));
+  }
+
+  /**
+   * The router gets the whole table again if the one it holds drifted from the host state (a
+   * Caddy restart, a front door changed or deleted by hand); answers what drifted.
+   */
+  async restoreDriftedRoutes(): Promise<RoutingDrift | null> {
+    return this.#d.routingTableLock.run(async () => {
+      const routes = this.#routingTable();
+      const drift = await this.#d.router.drift(routes);
+      if (drift) await this.#d.router.assertAll(routes);
+      return drift;
+    });
+  }
+
+  #routingTable(): RouteSpec[] {
+    return this.#d.state.apps().filter((a) => a.hosts.length > 0).map(routeOf);
   }
 }

@@ -14,7 +14,8 @@
  * a client that had just written a request on one sends it again, as HTTP clients do.
  */
 import type { Logger } from "@platform/logger";
-import type { MountSpec, RouteSpec, Router } from "./router-types.ts";
+import { Mutex } from "./mutex.ts";
+import type { MountSpec, RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 
 export const ROUTER_SERVER = "platform";
 export const NOT_FOUND_BODY = "no app is served at this address\n";
@@ -59,6 +60,8 @@ interface CaddyRoute {
   handle: CaddyHandler[];
   terminal?: boolean;
 }
+
+type CaddyServer = Record<string, unknown> & { routes?: CaddyRoute[] };
 
 function textResponse(status: number, body: string): CaddyHandler {
   return { handler: "static_response", status_code: status, headers: TEXT, body };
@@ -106,7 +109,7 @@ export function frontDoorRoute(route: RouteSpec): CaddyRoute {
 }
 
 /** The whole `platform` server: the front doors, then the catch-all. */
-export function routerServer(routes: RouteSpec[], listenPort: number): Record<string, unknown> {
+export function routerServer(routes: RouteSpec[], listenPort: number): CaddyServer {
   const keys = new Set<string>();
   for (const route of routes) {
     if (keys.has(route.key)) throw new Error(`front door ${route.key} is listed twice`);
@@ -118,6 +121,54 @@ export function routerServer(routes: RouteSpec[], listenPort: number): Record<st
     automatic_https: { disable: true },
     routes: [...routes.map(frontDoorRoute), { handle: [textResponse(404, NOT_FOUND_BODY)] }],
   };
+}
+
+/** The key of the front door a route of the `platform` server is; undefined for any other route. */
+function frontDoorKey(route: CaddyRoute): string | undefined {
+  const id: unknown = route["@id"];
+  return typeof id === "string" ? keyOfRouteId(id) : undefined;
+}
+
+/** JSON with every object's keys sorted: Caddy answers a config with its keys in Go's order, not in ours. */
+function canonical(value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) =>
+    v !== null && typeof v === "object" && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : v,
+  );
+}
+
+/**
+ * A routing table as its front doors (by key, each route as canonical JSON: two if Caddy was
+ * given a second route with an id it holds) and the rest of the server. Front doors match
+ * disjoint hosts, so their order is free (`put` adds one at index 0); the routes around them keep
+ * theirs, and the last route must be the catch-all, or it hides the front doors after it.
+ */
+function tableParts(server: CaddyServer): { frontDoors: Map<string, string[]>; rest: string } {
+  const routes = server.routes ?? [];
+  const frontDoors = new Map<string, string[]>();
+  const others: CaddyRoute[] = [];
+  for (const route of routes) {
+    const key = frontDoorKey(route);
+    if (key === undefined) others.push(route);
+    else frontDoors.set(key, [...(frontDoors.get(key) ?? []), canonical(route)]);
+  }
+  return { frontDoors, rest: canonical([{ ...server, routes: others }, routes.at(-1) ?? null]) };
+}
+
+/** How the table Caddy holds differs from the one wanted; null when it serves the same. */
+function tableDrift(held: CaddyServer, wanted: CaddyServer): RoutingDrift | null {
+  const h = tableParts(held);
+  const w = tableParts(wanted);
+  // JSON text holds no raw newline, so joined routes compare exactly.
+  const same = (key: string) => h.frontDoors.get(key)?.join("\n") === w.frontDoors.get(key)?.join("\n");
+  const drift: RoutingDrift = {
+    absent: false,
+    missing: [...w.frontDoors.keys()].filter((key) => !h.frontDoors.has(key)),
+    extra: [...h.frontDoors.keys()].filter((key) => !w.frontDoors.has(key)),
+    changed: [...w.frontDoors.keys()].filter((key) => h.frontDoors.has(key) && !same(key)),
+    server: h.rest !== w.rest,
+  };
+  const drifted = drift.missing.length > 0 || drift.extra.length > 0 || drift.changed.length > 0 || drift.server;
+  return drifted ? drift : null;
 }
 
 interface AdminReply {
@@ -150,7 +201,7 @@ export class CaddyRouter implements Router {
    * Changes run one at a time: `put` reads before it creates, and Caddy accepts a second route
    * with an `@id` it already holds, so two interleaved creates of one key would leave two.
    */
-  private queue: Promise<unknown> = Promise.resolve();
+  private readonly changes = new Mutex();
 
   constructor(opts: CaddyRouterOptions) {
     this.adminUrl = opts.adminUrl.replace(/\/+$/, "");
@@ -159,19 +210,21 @@ export class CaddyRouter implements Router {
   }
 
   async current(): Promise<string[] | null> {
-    const server = (await this.read(SERVER_PATH)) as { routes?: CaddyRoute[] } | null;
+    const server = (await this.read(SERVER_PATH)) as CaddyServer | null;
     if (server === null) return null;
-    const keys: string[] = [];
-    for (const route of server.routes ?? []) {
-      const key = route["@id"] === undefined ? undefined : keyOfRouteId(route["@id"]);
-      if (key !== undefined) keys.push(key);
-    }
-    return keys;
+    return (server.routes ?? []).map(frontDoorKey).filter((key) => key !== undefined);
+  }
+
+  async drift(routes: RouteSpec[]): Promise<RoutingDrift | null> {
+    const wanted = routerServer(routes, this.listenPort);
+    const held = (await this.read(SERVER_PATH)) as CaddyServer | null;
+    if (held === null) return { absent: true, missing: routes.map((r) => r.key), extra: [], changed: [], server: true };
+    return tableDrift(held, wanted);
   }
 
   async assertAll(routes: RouteSpec[]): Promise<void> {
     const server = routerServer(routes, this.listenPort);
-    return this.serially(async () => {
+    return this.changes.run(async () => {
       // POST replaces an existing server; PUT creates it, with the http app around it if need be.
       const exists = (await this.read(SERVER_PATH)) !== null;
       await this.write(exists ? "POST" : "PUT", SERVER_PATH, server);
@@ -182,7 +235,7 @@ export class CaddyRouter implements Router {
   async put(route: RouteSpec): Promise<void> {
     const caddyRoute = frontDoorRoute(route);
     const id = caddyRoute["@id"]!;
-    return this.serially(async () => {
+    return this.changes.run(async () => {
       const patched = await this.admin("PATCH", `/id/${id}`, caddyRoute);
       if (patched.status === 200) {
         this.logger?.info({ route: route.key, hosts: route.hosts }, "front door replaced");
@@ -203,17 +256,11 @@ export class CaddyRouter implements Router {
 
   async remove(key: string): Promise<void> {
     const id = routeId(key);
-    return this.serially(async () => {
+    return this.changes.run(async () => {
       const reply = await this.admin("DELETE", `/id/${id}`);
       if (reply.status !== 200 && reply.status !== 404) throw this.failure("DELETE", `/id/${id}`, reply);
       if (reply.status === 200) this.logger?.info({ route: key }, "front door removed");
     });
-  }
-
-  private serially<T>(fn: () => Promise<T>): Promise<T> {
-    const next = this.queue.then(fn);
-    this.queue = next.catch(() => undefined);
-    return next;
   }
 
   /** The config at `path`; null when it is absent. */

@@ -14,6 +14,7 @@ import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
 import { HostState } from "./host-state.ts";
 import { deleteImages, fetchImage } from "./image-store.ts";
+import { Mutex } from "./mutex.ts";
 import { CaddyRouter } from "./router.ts";
 import { DockerDriver } from "./runtime/docker.ts";
 import { ProcessDriver } from "./runtime/process.ts";
@@ -32,6 +33,8 @@ export interface RuntimeHostOptions {
   /** What a sandboxed replica must not see: the agent's other files and the platform's secrets. */
   hide: string[];
   healthTimeoutMs: number;
+  /** How often the routing table Caddy holds is checked for drift from this host's record; ROUTER_CHECK_MS unless set. */
+  routerCheckMs?: number;
   apps: Client<typeof AppsBuildsService>;
   /** Where images this host lacks are fetched from (the fleet's image store). */
   bus: Bus;
@@ -41,7 +44,7 @@ export interface RuntimeHostOptions {
   onChange?(): void;
 }
 
-/** How often the router is checked for a restart (it then gets the whole table again). */
+/** How often the router is checked for drift (it then gets the whole table again). */
 const ROUTER_CHECK_MS = 5_000;
 const DRAIN_MS = 2_000;
 const STOP_GRACE_MS = 10_000;
@@ -127,6 +130,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     supervisor,
     router,
     state,
+    routingTableLock: new Mutex(),
     fetchImage: (app: string, tag: string, file: string) => fetchImage(o.bus, app, tag, file),
     deleteImages: (app: string, tags: string[]) => deleteImages(o.bus, app, tags),
     healthTimeoutMs: o.healthTimeoutMs,
@@ -143,16 +147,19 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const routesKeeper = deployer({ log: () => undefined, phase: async () => false });
 
   // The whole table at every agent start (the router may hold what an agent killed mid-change
-  // left there), as soon as the router answers, then again whenever it comes back without it
-  // (a Caddy restart).
+  // left there), as soon as the router answers, then again whenever the table it holds drifts
+  // from this host's record: a Caddy restart, a front door changed or deleted by hand.
   let asserted = false;
   const reassert = async () => {
     try {
-      if (!asserted || (await router.current()) === null) {
+      if (!asserted) {
         await routesKeeper.reassertRoutes();
         asserted = true;
         o.logger.info({ apps: state.apps().length }, "routing table asserted");
+        return;
       }
+      const drift = await routesKeeper.restoreDriftedRoutes();
+      if (drift) o.logger.warn({ drift }, "routing table drifted from this host's record; asserted again");
     } catch (err) {
       o.logger.warn({ err }, "router not reachable; routes are asserted again when it answers");
     }
@@ -163,7 +170,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     checking ??= reassert().finally(() => {
       checking = null;
     });
-  }, ROUTER_CHECK_MS);
+  }, o.routerCheckMs ?? ROUTER_CHECK_MS);
   timer.unref();
 
   return {

@@ -18,6 +18,8 @@ import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, typ
 import { Deployer, releaseDir, type DeployerDeps } from "../src/deployer.ts";
 import { HostState } from "../src/host-state.ts";
 import { deleteImages, fetchImage, publishImage } from "../src/image-store.ts";
+import { Mutex } from "../src/mutex.ts";
+import type { RoutingDrift } from "../src/router-types.ts";
 import { CaddyRouter } from "../src/router.ts";
 import { ProcessDriver } from "../src/runtime/process.ts";
 import { Supervisor } from "../src/supervisor.ts";
@@ -78,6 +80,7 @@ beforeAll(async () => {
     supervisor,
     router: new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: httpPort }),
     state,
+    routingTableLock: new Mutex(),
     resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: { GREETING: "hi" }, hosts: [HOST] }),
     fetchImage: (app, tag, file) => fetchImage(bus, app, tag, file),
     deleteImages: (app, tags) => deleteImages(bus, app, tags),
@@ -264,4 +267,30 @@ it("keeps a branch deployed before its group was renamed as the same app: relabe
   expect(state.apps()).toEqual([]);
   expect(driver.list().filter((r) => r.running)).toEqual([]);
   expect((await get(caddy.httpPort)).status).toBe(404);
+});
+
+it("a drift check running through deploys' route flips and an undeploy finds no drift: it never undoes what they wrote", async () => {
+  // The runtime host's check: another Deployer on the same host state, router and lock.
+  const keeper = new Deployer(baseDeps);
+  const found: Array<RoutingDrift | null> = [];
+  let deploying = true;
+  const checks = (async () => {
+    while (deploying) found.push(await keeper.restoreDriftedRoutes());
+  })();
+  try {
+    const colours: string[] = [];
+    for (const action_id of ["1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", "2b3c4d5e-6f7a-4b8c-9d0e-1f2a3b4c5d6e", "3c4d5e6f-7a8b-4c9d-8e1f-2a3b4c5d6e7f"]) {
+      expect((await deployer.deploy({ ...job, action_id, image_tag: "main-4567cdef" })).status).toBe("completed");
+      expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+      colours.push(state.appOf("node-web", "main")!.colour);
+    }
+    expect(colours).toEqual(["blue", "green", "blue"]);
+    expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+    expect((await get(caddy.httpPort)).status).toBe(404);
+  } finally {
+    deploying = false;
+    await checks;
+  }
+  expect(found.length).toBeGreaterThan(20);
+  expect(found.filter((drift) => drift !== null)).toEqual([]);
 });

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { freePorts, startCaddy, type StartedCaddy } from "@platform/testing";
-import { CaddyRouter, NOT_FOUND_BODY, NO_MOUNT_BODY, NO_REPLICA_BODY, keyOfRouteId, routeId } from "../src/router.ts";
+import { CaddyRouter, NOT_FOUND_BODY, NO_MOUNT_BODY, NO_REPLICA_BODY, frontDoorRoute, keyOfRouteId, routeId } from "../src/router.ts";
 import type { RouteSpec } from "../src/router-types.ts";
 
 const HOST = "app.t.localhost";
@@ -85,6 +85,20 @@ function served(host: string, urlPath = "/") {
 function frontDoor(colour: "blue" | "green", key = "grp/app/main", hosts = [HOST]): RouteSpec {
   return { key, hosts, mounts: [{ service: "web", path: "/", upstreams: [upstreams[colour].dial] }] };
 }
+
+/** A change made by hand through Caddy's admin API, as an operator with curl would; answers Caddy's reply. */
+async function byHand(method: string, urlPath: string, body?: unknown): Promise<unknown> {
+  const res = await fetch(`${caddy.adminUrl}${urlPath}`, {
+    method,
+    headers: body === undefined ? {} : { "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  expect(res.status, text).toBe(200);
+  return text === "" ? null : (JSON.parse(text) as unknown);
+}
+
+const SERVER = "/config/apps/http/servers/platform";
 
 async function startOwnCaddy(): Promise<StartedCaddy> {
   return startCaddy({ adminPort, httpPort, dataDir, log: () => undefined });
@@ -210,6 +224,55 @@ describe("CaddyRouter on a real Caddy", () => {
     expect(await router.current()).toEqual(["grp/app/main"]);
   });
 
+  it("drift: none for the table asked for, whatever order Caddy keeps its keys and front doors in", async () => {
+    const other = frontDoor("blue", "other", ["other.t.localhost"]);
+    await router.assertAll([frontDoor("green")]);
+    // put adds a front door at index 0: Caddy holds them in the other order than asked below.
+    await router.put(other);
+    expect(await router.current()).toEqual(["other", "grp/app/main"]);
+    // Caddy answers with the keys of each object sorted, not in the order they were written.
+    expect(Object.keys((await byHand("GET", `/id/${routeId("other")}`)) as object)).toEqual(["@id", "handle", "match", "terminal"]);
+    expect(await router.drift([frontDoor("green"), other])).toBeNull();
+
+    expect(await router.drift([frontDoor("green")])).toEqual({ absent: false, missing: [], extra: ["other"], changed: [], server: false });
+    const third = frontDoor("blue", "third", ["third.t.localhost"]);
+    expect(await router.drift([frontDoor("green"), other, third])).toEqual({ absent: false, missing: ["third"], extra: [], changed: [], server: false });
+    expect(await router.drift([frontDoor("blue"), other])).toEqual({ absent: false, missing: [], extra: [], changed: ["grp/app/main"], server: false });
+  });
+
+  it("drift: a front door deleted, changed or doubled by hand through the admin API, one hidden behind the catch-all", async () => {
+    const table = [frontDoor("green"), frontDoor("blue", "other", ["other.t.localhost"])];
+    const asserted = { absent: false, missing: [], extra: [], changed: [], server: false };
+
+    await router.assertAll(table);
+    await byHand("DELETE", `/id/${routeId("other")}`);
+    expect(await router.drift(table)).toEqual({ ...asserted, missing: ["other"] });
+
+    await router.assertAll(table);
+    await byHand("PATCH", `/id/${routeId("grp/app/main")}/handle/0/routes/0/handle/0/upstreams`, [{ dial: upstreams.blue.dial }]);
+    await served(HOST).toEqual({ status: 200, body: "blue" });
+    expect(await router.drift(table)).toEqual({ ...asserted, changed: ["grp/app/main"] });
+
+    // Caddy takes a second route with an id it holds: the front door is not what was asked.
+    await router.assertAll(table);
+    await byHand("PUT", `${SERVER}/routes/0`, frontDoorRoute(table[1]!));
+    expect(await router.drift(table)).toEqual({ ...asserted, changed: ["other"] });
+
+    // Appended after the catch-all, a front door is never reached; so is a route of no front door.
+    await router.assertAll(table);
+    await byHand("POST", `${SERVER}/routes`, frontDoorRoute(frontDoor("blue", "late", ["late.t.localhost"])));
+    await served("late.t.localhost").toEqual({ status: 404, body: NOT_FOUND_BODY });
+    expect(await router.drift(table)).toEqual({ ...asserted, extra: ["late"], server: true });
+
+    await router.assertAll(table);
+    await byHand("PUT", `${SERVER}/routes/0`, { handle: [{ handler: "static_response", status_code: 418 }] });
+    expect(await router.drift(table)).toEqual({ ...asserted, server: true });
+
+    await router.assertAll([frontDoor("green")]);
+    expect(await router.drift([frontDoor("green")])).toBeNull();
+    await served(HOST).toEqual({ status: 200, body: "green" });
+  });
+
   it("refuses a route it cannot express, before calling Caddy", async () => {
     const bad = (path: string): RouteSpec => ({ key: "bad", hosts: ["bad.t.localhost"], mounts: [{ service: "web", path, upstreams: [] }] });
     await expect(router.put(bad("/api/"))).rejects.toThrow(/mount path/);
@@ -225,6 +288,7 @@ describe("CaddyRouter on a real Caddy", () => {
 
     caddy = await startOwnCaddy();
     expect(await router.current()).toBeNull();
+    expect(await router.drift([frontDoor("green")])).toEqual({ absent: true, missing: ["grp/app/main"], extra: [], changed: [], server: true });
     await expect(router.put(frontDoor("green"))).rejects.toThrow(/holds no 'platform' server/);
     expect(await router.current()).toBeNull();
 

@@ -1,18 +1,22 @@
 /**
- * The runtime host at agent start, with a real Caddy: the whole routing table this host's state
- * holds is asserted, even when Caddy still serves a table (one an agent killed mid-change left).
+ * The runtime host with a real Caddy: at agent start the whole routing table this host's state
+ * holds is asserted, even when Caddy still serves a table (one an agent killed mid-change left);
+ * afterwards the table is asserted again whenever Caddy's drifts from that record.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
+import http from "node:http";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { connectBus, type Bus } from "@platform/bus";
 import { createLogger } from "@platform/logger";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService } from "@platform/proto";
 import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, type StartedCaddy } from "@platform/testing";
-import { CaddyRouter } from "../src/router.ts";
-import { startRuntimeHost } from "../src/runtime-host.ts";
+import { HostState, routeOf, type DeployedApp } from "../src/host-state.ts";
+import { CaddyRouter, NO_REPLICA_BODY, routeId } from "../src/router.ts";
+import { startRuntimeHost, type RuntimeHostOptions } from "../src/runtime-host.ts";
 
 const logger = createLogger({ service: "agent-runtime-host-test", level: "silent", pretty: false });
 const prefix = uniquePrefix("trhost");
@@ -34,15 +38,10 @@ afterAll(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-it("asserts its whole routing table at start, replacing one Caddy still holds", async () => {
-  const router = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: caddy.httpPort });
-  await router.assertAll([{ key: "g/stale/main", hosts: ["stale.dev.localhost"], mounts: [{ service: "web", path: "/", upstreams: ["127.0.0.1:9"] }] }]);
-  expect(await router.current()).toEqual(["g/stale/main"]);
-
-  // This host's state records nothing deployed: the stale front door must go.
-  const host = await startRuntimeHost({
+function hostOptions(runDir: string): RuntimeHostOptions {
+  return {
     hostId: "host-1",
-    runDir: path.join(dir, "run"),
+    runDir,
     imageDir: path.join(dir, "images"),
     runtime: "process",
     dockerSocket: "/nonexistent.sock",
@@ -54,9 +53,108 @@ it("asserts its whole routing table at start, replacing one Caddy still holds", 
     bus,
     logger,
     ship: () => undefined,
-  });
+  };
+}
+
+it("asserts its whole routing table at start, replacing one Caddy still holds", async () => {
+  const router = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: caddy.httpPort });
+  await router.assertAll([{ key: "g/stale/main", hosts: ["stale.dev.localhost"], mounts: [{ service: "web", path: "/", upstreams: ["127.0.0.1:9"] }] }]);
+  expect(await router.current()).toEqual(["g/stale/main"]);
+
+  // This host's state records nothing deployed: the stale front door must go.
+  const host = await startRuntimeHost(hostOptions(path.join(dir, "run")));
   try {
     expect(await router.current()).toEqual([]);
+  } finally {
+    await host.close();
+  }
+});
+
+const CHECK_MS = 50;
+const HOST = "web.t.localhost";
+
+/** How many requests Caddy's admin API answered with `method` on `prefix` (`/config/`, `/id/`), by its own metrics. */
+async function adminRequests(method: string, prefix: string): Promise<number> {
+  const metrics = await (await fetch(`${caddy.adminUrl}/metrics`)).text();
+  let count = 0;
+  for (const line of metrics.split("\n")) {
+    if (line.startsWith("caddy_admin_http_requests_total{") && line.includes(`method="${method}"`) && line.includes(`path="${prefix}"`)) {
+      count += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+  }
+  return count;
+}
+
+/** A change made by hand through Caddy's admin API, as an operator with curl would. */
+async function byHand(method: string, urlPath: string, body?: unknown): Promise<void> {
+  const res = await fetch(`${caddy.adminUrl}${urlPath}`, {
+    method,
+    headers: body === undefined ? {} : { "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  expect(res.status, await res.text()).toBe(200);
+}
+
+function served(): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.get({ host: "127.0.0.1", port: caddy.httpPort, path: "/", headers: { host: HOST }, agent: false }, (res) => {
+      let body = "";
+      res.setEncoding("utf8").on("data", (chunk: string) => (body += chunk));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on("error", reject);
+  });
+}
+
+it("asserts the table again when a front door is deleted or changed by hand through Caddy's admin API, and only then", async () => {
+  // A service stopped by a service action: its front door answers that no replica runs.
+  const app: DeployedApp = {
+    key: "g/web/main",
+    group: "g",
+    app: "web",
+    branch: "main",
+    tag: "main-1",
+    colour: "blue",
+    deploymentId: "d-1",
+    hosts: [HOST],
+    releaseDir: path.join(dir, "nowhere"),
+    services: { web: { mount: "/", health: null, background: false, stopped: true, replicas: [] } },
+    since: new Date().toISOString(),
+  };
+  const runDir = path.join(dir, "run-drift");
+  const record = new HostState(runDir);
+  await record.load();
+  await record.setApp(app);
+  const routes = [routeOf(app)];
+  const router = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: caddy.httpPort });
+  const routerServes = () => expect.poll(() => router.drift(routes), { timeout: 3_000 }).toBeNull();
+  const asserts = () => adminRequests("POST", "/config/");
+
+  const host = await startRuntimeHost({ ...hostOptions(runDir), routerCheckMs: CHECK_MS });
+  try {
+    await routerServes();
+    expect(await served()).toEqual({ status: 503, body: NO_REPLICA_BODY });
+
+    // Nothing drifted: every check reads the table, none writes it.
+    const atStart = await asserts();
+    const reads = await adminRequests("GET", "/config/");
+    await sleep(10 * CHECK_MS);
+    expect(await adminRequests("GET", "/config/")).toBeGreaterThan(reads + 3);
+    expect(await asserts()).toBe(atStart);
+
+    await byHand("DELETE", `/id/${routeId(app.key)}`);
+    await routerServes();
+    await expect.poll(asserts).toBe(atStart + 1);
+    expect(await served()).toEqual({ status: 503, body: NO_REPLICA_BODY });
+
+    await byHand("PATCH", `/id/${routeId(app.key)}/handle/0/routes/0/handle`, [{ handler: "reverse_proxy", upstreams: [{ dial: "127.0.0.1:9" }] }]);
+    await routerServes();
+    await expect.poll(asserts).toBe(atStart + 2);
+    expect(await served()).toEqual({ status: 503, body: NO_REPLICA_BODY });
+
+    // Restored, the table is left alone again.
+    await sleep(10 * CHECK_MS);
+    expect(await asserts()).toBe(atStart + 2);
   } finally {
     await host.close();
   }
