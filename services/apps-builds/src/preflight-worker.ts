@@ -10,15 +10,26 @@ import { announcePreflightChecked, applyPreflightAnswer, preflightOutcome, type 
 
 /** Longer than the agent's own git timeouts, so the agent answers first. */
 const AGENT_TIMEOUT_MS = 90_000;
+/**
+ * Preflights asked of agents at once. A request that reached an agent which then died waits out
+ * AGENT_TIMEOUT_MS; one at a time, every other app's preflight (and so its builds) waited too.
+ * Two preflights of one app may overlap: the nonce keeps only the newer one's answer.
+ */
+const CONCURRENT_PREFLIGHTS = 16;
 
-export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsumer> {
+export async function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsumer> {
   const { bus } = ctx;
-  return runConsumer({
+  // A stop does not wait out a request no agent will answer: it is asked again after a restart.
+  const stopping = new AbortController();
+  const stopped = new Promise<never>((_, reject) => stopping.signal.addEventListener("abort", () => reject(new Error("preflight worker stopping")), { once: true }));
+  stopped.catch(() => undefined);
+  const consumer = await runConsumer({
     bus,
     stream: subjects.streams(bus.prefix).events.name,
     durable: "apps-builds-preflight",
     filterSubject: bus.subject(subjects.events.preflightRequested),
     logger: ctx.logger,
+    concurrency: CONCURRENT_PREFLIGHTS,
     async handle(msg) {
       const event = msg.json<EventEnvelope>();
       const request = event.data as unknown as PreflightRequest;
@@ -31,7 +42,7 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
         return;
       }
       // No agent listening fails at once ("no responders"); the message is redelivered later.
-      const reply = await bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS });
+      const reply = await Promise.race([bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS }), stopped]);
       const answer = reply.json<PreflightAnswer>();
       // The agent itself failed (no git, no disk): transient, so ask again rather than record it.
       if (answer.result?.reason === "agent_error") throw new Error(`preflight agent error: ${answer.result.detail}`);
@@ -43,4 +54,10 @@ export function startPreflightWorker(ctx: ServiceContext): Promise<RunningConsum
       });
     },
   });
+  return {
+    async stop() {
+      stopping.abort();
+      await consumer.stop();
+    },
+  };
 }

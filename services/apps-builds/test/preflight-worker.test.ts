@@ -2,7 +2,8 @@
  * The preflight worker against the real Postgres and NATS, with a stand-in agent answering the
  * `git_preflight` request on NATS (the agent's own tests cover what a real agent answers): an
  * agent failure is asked again rather than recorded, a ready answer records the services and
- * the config as the base layer, and how each preflight ended is told to the queue.
+ * the config as the base layer, how each preflight ended is told to the queue, and a request an
+ * agent never answers holds up no other app's preflight.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { appsBuildsEnv, loadConfig } from "@platform/config";
@@ -34,6 +35,8 @@ beforeAll(async () => {
   void (async () => {
     for await (const m of sub) {
       requests.push(m.json());
+      // An agent that died holding the request: no answer ever comes.
+      if (m.json<{ repository: string }>().repository.includes("lost-by-agent")) continue;
       // The first answer is the agent failing itself; the next ones read the repository.
       m.respond(
         JSON.stringify(
@@ -98,4 +101,13 @@ it("tells the queue how each preflight ended: answered, or replaced by a newer o
     message: "A newer preflight of the app replaced it before an agent was asked.",
   });
   expect(requests.length).toBe(asked);
+});
+
+it("answers other apps' preflights while one waits on an agent that never answers", async () => {
+  const client = createServiceClient(AppsBuildsService, `http://127.0.0.1:${service.rpc.port}`);
+  await client.registerApp({ caller: acme, appName: "lost", repository: "https://example.com/acme/lost-by-agent.git" });
+  await expect.poll(() => requests.some((r) => (r as { app_name: string }).app_name === "lost"), { timeout: 20_000 }).toBe(true);
+  await client.registerApp({ caller: acme, appName: "after", repository: "https://example.com/acme/after.git" });
+  await expect.poll(async () => (await client.getApp({ caller: acme, appName: "after" })).preflightStatus, { timeout: 20_000 }).toBe("ready");
+  expect((await client.getApp({ caller: acme, appName: "lost" })).preflightStatus).toBe("pending");
 });
