@@ -19,7 +19,7 @@ import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
 import { App } from "../src/entities/index.ts";
-import { PATCH_FIELDS, SEED_REFERENCE_MAX } from "../src/domain/app-settings.ts";
+import { PATCH_FIELDS, SEED_REFERENCE_MAX, lockApp } from "../src/domain/app-settings.ts";
 // The gateway's routes for these capabilities, mounted over this service in the last block.
 import { appSettingsRoutes } from "../../../gateway/src/routes/app-settings.ts";
 import { registerErrorHandling } from "../../../gateway/src/errors.ts";
@@ -134,6 +134,13 @@ describe("PATCH an app", () => {
     expect(after.updatedAt.getTime()).toBeGreaterThan(before.updatedAt.getTime());
     // The other branch is another row.
     expect((await row("web", "staging")).displayName).toBe("web");
+  });
+
+  it("answers 404 for an app deleted between being found and being locked (a DELETE racing the PATCH), not an internal error", async () => {
+    await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: "raced" });
+    const found = await row("web", "raced");
+    await client.deleteApp({ caller: acme, appName: "web", branch: "raced" });
+    expect(await refusal(service.ctx.write((em) => lockApp(em, found)))).toMatchObject({ status: 404, detail: "App 'web' has no branch 'raced'" });
   });
 
   it("accepts an empty body as a no-op", async () => {

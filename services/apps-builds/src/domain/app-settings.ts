@@ -278,7 +278,10 @@ function requestReconcile(em: EntityManager, caller: Caller, app: App): void {
 
 /** The app row again, locked for this transaction and freshly read (no lost concurrent update). */
 export async function lockApp(em: EntityManager, app: App): Promise<App> {
-  return em.findOneOrFail(App, { id: app.id }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true });
+  const locked = await em.findOne(App, { id: app.id }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true });
+  // Deleted since it was found (a DELETE racing this request): as unknown as if it came after.
+  if (!locked) throw appNotFound(app.appName, app.branch);
+  return locked;
 }
 
 const FEATURE_FLAGS = [
