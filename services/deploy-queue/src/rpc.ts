@@ -14,7 +14,7 @@ import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
 import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
-import { deployedReplicas, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
+import { deployedReplicas, lockScaleTarget, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
 import { publishDispatched } from "./workers.ts";
 import { getVisibleAction } from "./domain/lookup.ts";
@@ -391,19 +391,21 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         if (!app.services.some((s) => s.name === req.service)) {
           throw PlatformError.notFound({ code: "service_not_declared", message: `App '${app.appName}' (branch ${app.branch}) declares no service '${req.service}'.`, service: req.service });
         }
-        await ctx.read((em) => refuseScaleInFlight(em, target));
-        const saved = await apps.setServiceReplicas({ caller, appName: app.appName, branch: app.branch, service: req.service, replicas: req.replicas });
-        const base = { appName: saved.appName, branch: saved.branch, service: saved.service, previous: saved.previous, requested: saved.requested, overlayPaths: saved.overlayPaths, imageTag: saved.imageTag };
-        if (saved.noop) {
-          const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date()));
-          return { ...base, actionId: "", noop: true, deployed: deployed ?? undefined };
-        }
-        try {
-          const release = await apps.resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true });
-          const dispatched: Dispatched[] = [];
-          const action = await ctx.write(async (em) => {
+        // One transaction, serialized per branch by lockScaleTarget, from the in-flight check through
+        // the queued DEPLOY: a concurrent scale waits for it, then is refused (scale_in_flight)
+        // before apps-builds saves anything. It is held open across the save and resolveRelease RPCs
+        // (two short calls; scale is rare). ctx.write does not retry, so each RPC runs once.
+        let saved = null as Awaited<ReturnType<typeof apps.setServiceReplicas>> | null;
+        const dispatched: Dispatched[] = [];
+        const done = await ctx
+          .write(async (em) => {
+            await lockScaleTarget(em, target);
             await refuseScaleInFlight(em, target);
-            return queueDeployment(
+            const s = await apps.setServiceReplicas({ caller, appName: app.appName, branch: app.branch, service: req.service, replicas: req.replicas });
+            saved = s;
+            if (s.noop) return { saved: s, action: null };
+            const release = await apps.resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true });
+            const action = await queueDeployment(
               em,
               caller,
               { appName: release.appName, branch: release.branch, groupSlug: release.groupSlug, imageTag: release.imageTag, buildId: release.buildId, configPath: release.configPath, runningVersion: release.runningVersion },
@@ -411,13 +413,22 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               new Date(),
               dispatched,
             );
+            return { saved: s, action };
+          })
+          .catch(async (err: unknown): Promise<never> => {
+            // Failing before the save (or on a no-op), nothing was saved: the error as is. After it, the count stays saved.
+            if (!saved || saved.noop) throw err;
+            const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date())).catch(() => null);
+            throw scaleSavedNotDeployed(err instanceof ConnectError ? fromConnectError(err) : err, { requested: saved.requested, previous: saved.previous, deployed });
           });
-          await publishDispatched(ctx, dispatched);
-          return { ...base, actionId: action.id, noop: false };
-        } catch (err) {
-          const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date())).catch(() => null);
-          throw scaleSavedNotDeployed(err instanceof ConnectError ? fromConnectError(err) : err, { requested: saved.requested, previous: saved.previous, deployed });
+        const s = done.saved;
+        const base = { appName: s.appName, branch: s.branch, service: s.service, previous: s.previous, requested: s.requested, overlayPaths: s.overlayPaths, imageTag: s.imageTag };
+        if (!done.action) {
+          const deployed = await ctx.read((em) => deployedReplicas(em, target, req.service, new Date()));
+          return { ...base, actionId: "", noop: true, deployed: deployed ?? undefined };
         }
+        await publishDispatched(ctx, dispatched);
+        return { ...base, actionId: done.action.id, noop: false };
       },
 
       async claimAction(req) {

@@ -11,6 +11,7 @@ import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission, type Admission, type AdmissionInput, type DependencyState } from "./admission.ts";
+import { advisoryLocks } from "./advisory-locks.ts";
 import { validHostId } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
@@ -22,12 +23,6 @@ const APP_LANE = [...APP_LANE_TYPES];
 async function lockAction(em: EntityManager, actionId: string): Promise<Action | null> {
   if (!isUuid(actionId)) return null;
   return em.findOne(Action, { id: actionId }, { lockMode: LockMode.PESSIMISTIC_WRITE });
-}
-
-/** Transaction-scoped advisory locks, taken in the order given, in one round trip. */
-async function advisoryLocks(em: EntityManager, keys: string[]): Promise<void> {
-  const locks = keys.map(() => "pg_advisory_xact_lock(hashtext(?))").join(", ");
-  await em.getConnection().execute(`select ${locks}`, keys, "run", em.getTransactionContext());
 }
 
 /**

@@ -7,9 +7,21 @@
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { Action, Agent } from "../entities/index.ts";
+import { advisoryLocks } from "./advisory-locks.ts";
 import { CONTAINER_ACTION_TYPES } from "./app-actions.ts";
 import { isLive } from "./agents.ts";
 import { reportsService, type InventoryEntry } from "./services-status.ts";
+
+/**
+ * Makes scales of one branch mutually exclusive, from the in-flight check through the queued
+ * DEPLOY. Without it two concurrent scales (READ COMMITTED) both saw nothing in flight and both
+ * saved and queued a DEPLOY. The caller holds the transaction open across apps-builds' save and
+ * resolveRelease (two short calls; scale is rare), so a second scale waits here and then finds
+ * the first one's DEPLOY in flight before anything of it is saved.
+ */
+export async function lockScaleTarget(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }): Promise<void> {
+  await advisoryLocks(em, [`deploy_queue.scale.${target.groupSlug}/${target.appName}/${target.branch}`]);
+}
 
 export async function refuseScaleInFlight(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }): Promise<void> {
   const busy = await em.findOne(
