@@ -264,4 +264,20 @@ describe("cancel", () => {
     const queue = await call(idle.api, "GET", "/deployments/queue?all=true&exclude_types=GIT_PREFLIGHT", { credential: k });
     expect(queue.body.map((a: { status: string }) => a.status)).toEqual(["cancelled", "cancelled"]);
   });
+
+  it("cancels a build sent the moment its 202 comes, before the queue has taken it in", async () => {
+    const k = await key(idle, "acme");
+    for (let i = 0; i < 6; i++) {
+      const r = await call(idle.api, "POST", "/builds?skip_preflight=true", { credential: k, body: { app_name: "hasty", repository: "https://example.com/hasty.git" } });
+      expect(r.status).toBe(202);
+      const cancel = await call(idle.api, "POST", `/deployments/${r.body.build_id}/cancel`, { credential: k });
+      expect(cancel.body).toMatchObject({ deployment_id: r.body.build_id, status: "cancelled", cancelled: true, app_name: "hasty" });
+      expect(cancel.body.dependents_cancelled).toHaveLength(1);
+      await expect.poll(async () => (await call(idle.api, "GET", `/builds/id/${r.body.build_id}`, { credential: k })).body.status, { timeout: 15_000 }).toBe("cancelled");
+      const [deploy] = cancel.body.dependents_cancelled as string[];
+      // The build's own event reaches the queue afterwards and adds nothing: both stay cancelled.
+      const actions = (await call(idle.api, "GET", "/deployments/queue?all=true", { credential: k })).body.filter((a: { action_id: string }) => [r.body.build_id, deploy].includes(a.action_id));
+      expect(actions.map((a: { action_type: string; status: string }) => `${a.action_type} ${a.status}`).sort()).toEqual(["BUILD cancelled", "DEPLOY cancelled"]);
+    }
+  });
 });

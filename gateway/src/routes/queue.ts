@@ -298,7 +298,8 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
         description:
           "`cancelled` (was queued; its dependents too, listed in `dependents_cancelled`), `cancel_requested` (in flight: the agent stops between phases), " +
           "`refused_past_point_of_no_return` (a deploy past its swap commit rolls forward), `not_found`, `not_cancellable` (already terminal, or a GIT_PREFLIGHT, which an agent is asked at once). " +
-          "Cancelling a build cascades to its dependent deploy.",
+          "Cancelling a build cascades to its dependent deploy. A build cancelled by its full id right after the 202 of `POST /api/builds`, before the queue shows it, " +
+          "is cancelled all the same (with its deploy).",
         params: {
           type: "object",
           properties: { deployment_id: { type: "string", description: "The action id (a deployment, build or other action), or a prefix of at least 8 characters." } },

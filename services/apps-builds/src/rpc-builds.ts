@@ -35,6 +35,8 @@ export function buildMsg(b: Build, withLog = false): BuildMsg {
     groupSlug: b.groupSlug,
     queueStatus: b.queueStatus,
     log: withLog ? (b.log ?? undefined) : undefined,
+    deployActionId: b.deployActionId ?? undefined,
+    autoDeploy: b.autoDeploy,
   });
 }
 

@@ -1,14 +1,16 @@
 /** Connect handlers of deploy-queue: thin translations between protobuf and the domain. */
+import { UniqueConstraintViolationException } from "@mikro-orm/core";
 import { ConnectError, type Client, type ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type AppsBuildsService } from "@platform/proto";
 import { inGroup, requireCaller, spansEveryGroup, type Caller } from "@platform/caller";
 import { fromConnectError, PlatformError } from "@platform/errors";
+import { isUuid } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { Agent, type Action } from "./entities/index.ts";
 import { servicesStatus } from "./domain/services-status.ts";
 import { admitForce } from "./domain/admit-force.ts";
-import { cancelAction } from "./domain/cancel.ts";
+import { cancelAction, cancelBeforeIntake, type UntakenBuild } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
@@ -95,6 +97,33 @@ function parseJson(text: string, what: string): unknown {
   }
 }
 
+/**
+ * The build of a full build id the queue does not know, while apps-builds still has it `queued`:
+ * its request has not been taken in yet (see cancelBeforeIntake). Null for anything else.
+ */
+async function untakenBuild(apps: Client<typeof AppsBuildsService>, caller: Caller, id: string): Promise<UntakenBuild | null> {
+  if (!isUuid(id)) return null;
+  let build;
+  try {
+    build = await apps.getBuild({ caller, buildId: id });
+  } catch (err) {
+    // Unknown to apps-builds too, or apps-builds not answering: not found, as before intake could be asked.
+    if (err instanceof ConnectError) return null;
+    throw err;
+  }
+  if (build.id !== id || build.status !== "queued") return null;
+  return {
+    id: build.id,
+    deployActionId: build.autoDeploy ? (build.deployActionId ?? null) : null,
+    appName: build.appName,
+    branch: build.branch,
+    groupSlug: build.groupSlug,
+    tag: build.tag,
+    createdBy: build.createdBy,
+    createdAt: new Date(build.createdAt),
+  };
+}
+
 export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>, opts: { fleetFloor: number }) {
   const view = async (action: Action | null, now: Date) =>
     action ? actionMsg((await ctx.read((em) => withStuckClass(em, [action], now)))[0]!) : undefined;
@@ -137,7 +166,18 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async cancelAction(req) {
         const caller = requireCaller(req.caller);
-        const o = await ctx.write((em) => cancelAction(em, caller, req.actionId, req.reason, new Date()));
+        const cancel = () => ctx.write((em) => cancelAction(em, caller, req.actionId, req.reason, new Date()));
+        let o = await cancel();
+        const untaken = o.status === "not_found" ? await untakenBuild(apps, caller, req.actionId.trim()) : null;
+        if (untaken) {
+          try {
+            o = await ctx.write((em) => cancelBeforeIntake(em, caller, untaken, req.reason, new Date()));
+          } catch (err) {
+            // Intake wrote the build's actions meanwhile: they are cancelled as any queued ones.
+            if (!(err instanceof UniqueConstraintViolationException)) throw err;
+            o = await cancel();
+          }
+        }
         return {
           actionId: o.actionId,
           status: o.status,

@@ -9,9 +9,12 @@
  *   (see point-of-no-return.ts);
  * - `not_cancellable`: already terminal;
  * - `not_found`: unknown, ambiguous or another group's id.
+ *
+ * A build whose request has not reached the queue yet is cancelled too (`cancelBeforeIntake`).
  */
 import type { Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
+import { Action } from "../entities/index.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
 import { FAST_RPC_TYPES, isTerminal, queueStatus } from "./lifecycle.ts";
@@ -64,4 +67,49 @@ export async function cancelAction(em: EntityManager, caller: Caller, id: string
     announce(em, action, now);
   }
   return outcome("cancel_requested", await cascadeToDependents(em, action, "cancelled", now));
+}
+
+/** A builds row of apps-builds whose BUILD action the queue does not hold yet. */
+export interface UntakenBuild {
+  id: string;
+  deployActionId: string | null;
+  appName: string;
+  branch: string;
+  groupSlug: string;
+  tag: string;
+  createdBy: string;
+  createdAt: Date;
+}
+
+/**
+ * Cancel of a build the queue has not taken in yet: POST /api/builds answers 202 before its
+ * `build_requested` event reaches intake, and a cancel sent at once used to find nothing while
+ * the build went on to run. Its BUILD (and DEPLOY, with auto-deploy) are written here, never
+ * dispatched, and cancelled as any queued action is; when the event comes, intake finds the BUILD
+ * (it is idempotent on the build id) and adds nothing. Should intake write them first, the insert
+ * fails on the unique id and the caller cancels what intake wrote instead.
+ */
+export async function cancelBeforeIntake(em: EntityManager, caller: Caller, build: UntakenBuild, reason: string, now: Date): Promise<CancelOutcome> {
+  if (!canAct(caller, build.groupSlug)) {
+    return { actionId: build.id, status: "not_found", cancelled: false, cancelRequested: false, queueStatus: "", dependentsCancelled: [], appName: "" };
+  }
+  const common = {
+    status: "queued",
+    groupSlug: build.groupSlug,
+    appName: build.appName,
+    branch: build.branch,
+    imageTag: build.tag,
+    autoDeploy: build.deployActionId !== null,
+    deployWarnings: [],
+    createdBy: build.createdBy,
+    createdAt: build.createdAt < now ? build.createdAt : now,
+    updatedAt: now,
+  };
+  const ids = { build_id: build.id, app_name: build.appName, branch: build.branch, group_slug: build.groupSlug };
+  em.create(Action, { ...common, id: build.id, actionType: "BUILD", payload: { ...ids, tag: build.tag, auto_deploy: common.autoDeploy } });
+  if (build.deployActionId) {
+    em.create(Action, { ...common, id: build.deployActionId, actionType: "DEPLOY", dependsOn: build.id, payload: { ...ids, deployment_id: build.deployActionId, image_tag: build.tag } });
+  }
+  await em.flush();
+  return cancelAction(em, caller, build.id, reason, now);
 }
