@@ -37,6 +37,11 @@ interface Desired {
   /** Crashes and failed restarts since the last stable run: the exponent of the backoff. */
   failures: number;
   timer: NodeJS.Timeout | null;
+  /**
+   * The start time of the run whose exit desire() found and handled: the driver's report of that
+   * same exit may come after the restart has begun, and is not a second crash.
+   */
+  handledRun: number | null;
 }
 
 function describeExit(exit: ExitInfo | null): string {
@@ -68,10 +73,11 @@ export class Supervisor {
   desire(spec: ReplicaSpec): void {
     const previous = this.#desired.get(spec.id);
     if (previous?.timer) clearTimeout(previous.timer);
-    const entry: Desired = { spec, failures: 0, timer: null };
+    const entry: Desired = { spec, failures: 0, timer: null, handledRun: null };
     this.#desired.set(spec.id, entry);
     const state = this.#driver.list().find((r) => r.spec.id === spec.id);
     if (state && !state.running && !this.#closed) {
+      entry.handledRun = state.startedAt.getTime();
       this.#emit(spec, state.exit?.oomKilled ? "oom_killed" : "crashed", state.exit, `Replica ${spec.id} ${describeExit(state.exit)}; restarting now.`);
       this.#schedule(entry, 0, state.exit);
     }
@@ -98,8 +104,8 @@ export class Supervisor {
 
   #exited(state: ReplicaState): void {
     const entry = this.#desired.get(state.spec.id);
-    // A restart already scheduled (desire() saw the exit first) covers this exit too.
-    if (!entry || this.#closed || entry.timer) return;
+    // A restart already scheduled or begun (desire() saw the exit first) covers this exit too.
+    if (!entry || this.#closed || entry.timer || entry.handledRun === state.startedAt.getTime()) return;
     const ranMs = (state.exit?.at ?? new Date()).getTime() - state.startedAt.getTime();
     if (ranMs >= STABLE_RUN_MS) entry.failures = 0;
     const delay = this.#retryIn(entry);
