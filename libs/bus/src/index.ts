@@ -384,7 +384,7 @@ export const ACK_WAIT_MS = 5_000;
  * marked in progress (`working()`) every third of the ack wait, so JetStream redelivers only what
  * a consumer that stopped living held.
  */
-class HeldMessages {
+export class HeldMessages {
   readonly ackWaitMs: number;
   readonly #msgs = new Set<JsMsg>();
   readonly #timer: NodeJS.Timeout;

@@ -14,7 +14,7 @@
  * Replicas share the durable consumer, so they split the stream between them.
  */
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
-import { ensureDurable, subjects, type JsMsg } from "@platform/bus";
+import { HeldMessages, ensureDurable, subjects, type JsMsg } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { linesOfMessage, type MessageLines, type StoredLine } from "./domain/ingest.ts";
 import { isDataError, type LogStore } from "./domain/log-store.ts";
@@ -28,7 +28,11 @@ export interface LogIngestionOptions {
   maxBatchBytes?: number;
   /** ... or this long after the first message arrived (default 100 ms). */
   maxDelayMs?: number;
-  /** How long JetStream waits for an acknowledgement before redelivering (default 30 s). */
+  /**
+   * How long JetStream waits for a sign of life before redelivering (default ACK_WAIT_MS). Held
+   * messages are marked in progress while they wait for their batch, so only what a stopped
+   * aggregator held is redelivered, that long after it stopped (30 s once: lines were late).
+   */
   ackWaitMs?: number;
   /**
    * Runs after a batch committed and before its messages are acknowledged (metrics, tests).
@@ -73,13 +77,14 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
   const maxBytes = opts.maxBatchBytes ?? 1024 * 1024;
   const maxDelayMs = opts.maxDelayMs ?? 100;
   const stats: LogIngestionStats = { batches: 0, messages: 0, stored: 0, duplicates: 0, rejectedLines: 0, terminated: 0, failures: 0 };
+  const held = new HeldMessages(opts.ackWaitMs);
 
   await ensureDurable(bus.jsm, stream, {
     durable_name: LOG_CONSUMER,
     filter_subject: bus.subject(subjects.allLogs),
     ack_policy: AckPolicy.Explicit,
     deliver_policy: DeliverPolicy.All,
-    ack_wait: (opts.ackWaitMs ?? 30_000) * 1_000_000,
+    ack_wait: held.ackWaitMs * 1_000_000,
     max_deliver: -1,
     // Bounds what one replica holds in memory while the store is slow.
     max_ack_pending: maxMessages * 8,
@@ -173,11 +178,13 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
         // storeBatch handles its failures; anything here is a bug, and redelivery recovers it.
         logger.error({ err }, "log batch failed");
       } finally {
+        held.settled(batch);
         queued -= batch.length;
       }
     });
   };
   const add = (msg: JsMsg) => {
+    held.taken(msg);
     pending.push(msg);
     pendingBytes += msg.data.length;
     queued++;
@@ -218,6 +225,7 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
       await loop;
       cut();
       await chain;
+      held.close();
     },
   };
 }
