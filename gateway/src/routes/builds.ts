@@ -83,6 +83,9 @@ export function buildRoutes(
       schema: {
         tags: ["builds"],
         summary: "Trigger a build (and, with auto_deploy, its deploy). An unknown app is registered in your group.",
+        description:
+          "The builds row (GET /api/builds/id/{build_id}) exists when the 202 is sent. The queue takes the build in an instant later: for those few " +
+          "milliseconds GET /api/deployments/queue does not list it yet and queue/{id} answers 404; a cancel by build id already works.",
         querystring: {
           type: "object",
           properties: { ...commonQuery, skip_preflight: { type: "boolean", default: false, description: "Bypass the repository preflight gate." } },
