@@ -2,7 +2,7 @@ import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { afterAll, describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it, vi } from "vitest";
 import { SERVICES } from "@platform/config";
 import {
   DEFAULT_DATA_DIR,
@@ -55,8 +55,8 @@ describe("ensureInfrastructure", () => {
       expect(infra.started).toEqual(["caddy"]);
       // Caddy's own admin API ends it (exit code 0), as a crash would.
       await fetch(`${adminUrl}/stop`, { method: "POST" });
-      await waitUntil(async () => lines.some((l) => l.includes("starting caddy again")), 10_000);
-      await waitUntil(() => probeCaddy(adminUrl), 30_000);
+      await vi.waitUntil(() => lines.some((l) => l.includes("starting caddy again")), { timeout: 10_000, interval: 100 });
+      await vi.waitUntil(() => probeCaddy(adminUrl), { timeout: 30_000, interval: 100 });
       expect(lines).toContain("caddy ready again");
     } finally {
       await infra.stop();
@@ -67,14 +67,6 @@ describe("ensureInfrastructure", () => {
     fs.rmSync(dataDir, { recursive: true, force: true });
   });
 });
-
-async function waitUntil(done: () => boolean | Promise<boolean>, timeoutMs: number): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!(await done())) {
-    if (Date.now() > until) throw new Error(`not done within ${timeoutMs} ms`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe("loadOrCreateRootKey", () => {
   it("creates a pf_k1_ key once, stores it with mode 0600, and returns the same key afterwards", () => {
@@ -252,10 +244,13 @@ describe("startFleet (stand-in processes)", () => {
       const first = fleet.process("mailer")!;
       process.kill(first.pid!, "SIGKILL");
       await first.exited;
-      await waitUntil(async () => {
-        const now = fleet.process("mailer")!;
-        return now !== first && now.running() && (await fetch(`${now.url}/readyz`).then((r) => r.status === 200, () => false));
-      }, 20_000);
+      await vi.waitUntil(
+        async () => {
+          const now = fleet.process("mailer")!;
+          return now !== first && now.running() && (await fetch(`${now.url}/readyz`).then((r) => r.status === 200, () => false));
+        },
+        { timeout: 20_000, interval: 100 },
+      );
       expect(fleet.process("mailer")!.pid).not.toBe(first.pid);
 
       const second = fleet.process("hooks")!;

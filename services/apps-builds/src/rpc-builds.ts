@@ -36,7 +36,6 @@ export function buildMsg(b: Build, withLog = false): BuildMsg {
     queueStatus: b.queueStatus,
     log: withLog ? (b.log ?? undefined) : undefined,
     deployActionId: b.deployActionId ?? undefined,
-    autoDeploy: b.autoDeploy,
   });
 }
 

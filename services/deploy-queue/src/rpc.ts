@@ -114,7 +114,7 @@ async function untakenBuild(apps: Client<typeof AppsBuildsService>, caller: Call
   if (build.id !== id || build.status !== "queued") return null;
   return {
     id: build.id,
-    deployActionId: build.autoDeploy ? (build.deployActionId ?? null) : null,
+    deployActionId: build.deployActionId ?? null,
     appName: build.appName,
     branch: build.branch,
     groupSlug: build.groupSlug,
