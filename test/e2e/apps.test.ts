@@ -283,7 +283,7 @@ describe("tenant isolation", () => {
     }
     const list = await call(api, "GET", "/apps", { credential: globex });
     expect(list.body.items.map((a: { app_name: string }) => a.app_name)).toEqual(["node-web-2"]);
-    expect(list.body).toMatchObject({ total: 1, domain: "localhost" });
+    expect(list.body).toMatchObject({ total: 1, domain: "dev.localhost" });
   });
 
   it("lets operators list every group's apps and select one group", async () => {

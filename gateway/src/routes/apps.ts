@@ -166,7 +166,11 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         response: {
           200: {
             type: "object",
-            properties: { items: { type: "array", items: appResponse }, total: { type: "integer" }, domain: { type: "string" } },
+            properties: {
+              items: { type: "array", items: appResponse },
+              total: { type: "integer" },
+              domain: { type: "string", description: "The environment base domain (`{environment}.{platform domain}`): app front doors are its subdomains." },
+            },
             required: ["items", "total", "domain"],
           },
           ...authErrors,
@@ -175,7 +179,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request) => {
       const r = await apps.listApps({ caller: callerOf(request) });
-      return { items: r.items.map((a) => appJson(a, false)), total: r.total, domain: env.domain };
+      return { items: r.items.map((a) => appJson(a, false)), total: r.total, domain: `${env.environment}.${env.domain}` };
     },
   );
 
