@@ -132,7 +132,8 @@ describe("registration", () => {
   it("registers a second branch as a non-production branch of the same app", async () => {
     const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "feature/x" } });
     expect(r.status).toBe(201);
-    expect(r.body).toMatchObject({ app_name: "node-web", branch: "feature/x", is_production: false });
+    // The branch keeps the project's display name, as any version of it would.
+    expect(r.body).toMatchObject({ app_name: "node-web", display_name: "Node Web", branch: "feature/x", is_production: false });
     const collide = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "feature-x" } });
     expect(collide.status).toBe(409);
     expect(collide.body.detail).toMatchObject({ code: "branch_collides", with: "feature/x" });

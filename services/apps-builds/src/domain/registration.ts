@@ -152,8 +152,8 @@ export async function registerApp(
   const configPath = checkConfigPath(input.configPath);
   checkRepository(input.repository, policy);
   const repositoryKey = normalizeRepository(input.repository);
-  const displayName = (input.displayName ?? "").trim() || input.appName.trim();
-  if ([...displayName].length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
+  const givenDisplayName = (input.displayName ?? "").trim();
+  if ([...givenDisplayName].length > 200) throw PlatformError.invalid("display_name must be at most 200 characters.");
   const description = (input.description ?? "").trim();
   if ([...description].length > 2000) throw PlatformError.invalid("description must be at most 2000 characters.");
 
@@ -192,6 +192,9 @@ export async function registerApp(
   }
 
   if (ours.length > 0) checkBranchHostLabel(appName, label);
+  // A new branch is another version of the same project: it keeps the project's name unless given one.
+  const project = ours.find((a) => a.appName === appName && a.isProduction) ?? ours.find((a) => a.appName === appName);
+  const displayName = givenDisplayName || project?.displayName || input.appName.trim();
   const app = em.create(App, {
     id: randomUUID(),
     appName,
