@@ -346,6 +346,8 @@ export class Deployer {
       await this.#drain(previous, emit);
       await d.state.clearInflight(job.action_id);
       result.services = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, { replicas: s.replicas.length, ports: s.replicas.map((r) => r.port) }]));
+      // The routing shape now live: the app's URLs are rebuilt from it, not from a config not yet deployed.
+      result.mounts = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, s.mount]));
       result.instance_status = { [d.hostId]: "running" };
       emit("info", `${job.app_name}:${tag} is live (${colour})`);
       return finish("completed", "");

@@ -116,8 +116,17 @@ export const appSchema = {
     running_version: nullableString,
     running_build_id: nullableString,
     running_since: nullableString,
-    urls: { type: "array", items: { type: "string" } },
-    services: { type: "array", items: { type: "object", properties: { name: { type: "string" }, url: nullableString } } },
+    urls: {
+      type: "array",
+      items: { type: "string" },
+      description: "Live front doors: the primary routed services of the release serving now (empty while nothing serves, or for a private app).",
+    },
+    services: {
+      type: "array",
+      description:
+        "The app's services (its config's, and any the serving release still runs), each with its address as routed now: a mount saved with save-config shows once a deploy routes it; null for an unrouted service or while nothing serves.",
+      items: { type: "object", properties: { name: { type: "string" }, url: nullableString } },
+    },
     database_enabled: { type: "boolean" },
     cache_enabled: { type: "boolean" },
     email_enabled: { type: "boolean" },

@@ -210,6 +210,36 @@ describe("a build deployed by the agent", () => {
   });
 });
 
+describe("save-config on a running app", () => {
+  it("moves a service's URL to a mount saved with save-config only once a deploy routes it there", async () => {
+    const saveMount = async (mount: string) => {
+      const config = (await call(api, "GET", `/apps/${APP}/config`, { credential: acme })).body.effective;
+      config.services.web.mount = mount;
+      return call(api, "PUT", `/apps/${APP}/config`, { credential: acme, body: { config } });
+    };
+    const redeploy = async () => {
+      await waitFor(async () => (await getApp()).preflight_status, (s) => s === "ready");
+      const r = await call(api, "POST", `/apps/${APP}/redeploy`, { credential: acme });
+      expect(r.status).toBe(202);
+      await waitFor(async () => (await call(api, "GET", `/deployments/${r.body.deployment_id}`, { credential: acme })).body, (d) => d.status === "completed", 60_000);
+    };
+    const front = (await getApp()).urls[0] as string;
+    const saved = await saveMount("/app");
+    expect(saved.status).toBe(200);
+    expect(saved.body).toMatchObject({ changed_paths: ["services.web.mount"], requires_redeploy: true });
+    // Saved, not deployed: the router still serves web at the front door, and the app says so.
+    expect((await getApp()).services).toEqual([{ name: "web", url: front }]);
+    expect((await getApp()).urls).toEqual([front]);
+    await redeploy();
+    // The app row hears of the completed deploy through the queue's event, a moment later.
+    await waitFor(getApp, (a) => a.services[0].url === `${front}/app`, 10_000);
+    expect((await viaRouter(`${front}/app/x`)).status).toBe(200);
+    expect((await saveMount("/")).status).toBe(200);
+    await redeploy();
+    await waitFor(getApp, (a) => a.urls.length === 1 && a.urls[0] === front, 10_000);
+  });
+});
+
 describe("cancel", () => {
   it("cancels a queued deploy outright", async () => {
     // A slow build keeps its dependent deploy queued for long enough.

@@ -51,6 +51,7 @@ function addressed(overrides: Partial<AddressedApp> = {}): AddressedApp {
     overlay: {},
     deployStatus: "running",
     runningVersion: "main-1",
+    runningMounts: null,
     serviceNames: [],
     primaryOverrides: {},
     ...overrides,
@@ -122,9 +123,30 @@ describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing s
     expect(serviceUrls(app, router).find((s) => s.name === "api")?.url).toBe("http://shop.staging.example.test/api");
   });
 
-  it("follows a mount changed from the dashboard (the effective config, not the repository's)", () => {
+  it("without a routing shape reported by the agent, follows the effective config (a mount changed from the dashboard)", () => {
     const app = addressed({ overlay: { "services.api.mount": { value: "/v2", base: "/api" } } });
     expect(serviceUrls(app, router).find((s) => s.name === "api")?.url).toBe("http://shop.staging.example.test/v2");
+  });
+
+  it("with the serving release's routing shape, shows what is routed now, not what the next deploy will route", () => {
+    const app = addressed({
+      // The dashboard re-mounted api and added a service since the release was deployed.
+      overlay: {
+        "services.api.mount": { value: "/v2", base: "/api" },
+        "services.docs": { value: { run: "node docs.js", port: 8083, mount: "/docs" }, base: null },
+      },
+      // The release still runs an old service the config no longer has.
+      runningMounts: { web: "/", api: "/api", admin: null, worker: null, legacy: "/old" },
+    });
+    expect(serviceUrls(app, router)).toEqual([
+      { name: "web", url: "http://shop.staging.example.test" },
+      { name: "api", url: "http://shop.staging.example.test/api" },
+      { name: "admin", url: null },
+      { name: "worker", url: null },
+      { name: "docs", url: null },
+      { name: "legacy", url: "http://shop.staging.example.test/old" },
+    ]);
+    expect(serviceUrls({ ...app, deployStatus: "undeployed" }, router).every((s) => s.url === null)).toBe(true);
   });
 
   it("without a config yet, lists the known service names with no URL", () => {
@@ -257,6 +279,16 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after.firstDeployedAt?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
     const later = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-2", completed_at: "2026-11-21T12:00:00.000Z" });
     expect(later.firstDeployedAt?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
+  });
+
+  it("keeps the routing shape a completed deploy reports, and drops it when the branch is undeployed", async () => {
+    const app = await registerApp();
+    const deployed = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1", result: { mounts: { web: "/", worker: null } } });
+    expect(deployed.runningMounts).toEqual({ web: "/", worker: null });
+    // An agent that reports no shape: the URLs fall back to the config.
+    expect((await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-2" })).runningMounts).toBeNull();
+    await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-3", result: { mounts: { web: "/" } } });
+    expect((await apply(app, { action_type: "UNDEPLOY", status: "completed" })).runningMounts).toBeNull();
   });
 
   it("applies updates in the order deploy-queue wrote them, not the order they arrive in", async () => {

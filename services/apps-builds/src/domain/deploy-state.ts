@@ -37,7 +37,18 @@ export interface DeployActionUpdate {
   completed_at?: string | null;
   /** When deploy-queue wrote this update: updates apply in this order, whatever order they arrive in. */
   updated_at?: string | null;
-  result?: { crash_output?: Record<string, string[]>; purge?: boolean } | null;
+  result?: { crash_output?: Record<string, string[]>; purge?: boolean; mounts?: Record<string, string | null> } | null;
+}
+
+/** The live routing shape a completed deploy reported; null when it reported none (an older agent). */
+function mountsOf(result: DeployActionUpdate["result"]): Record<string, string | null> | null {
+  const mounts = result?.mounts;
+  if (!mounts || typeof mounts !== "object" || Array.isArray(mounts)) return null;
+  const clean: Record<string, string | null> = {};
+  for (const [service, mount] of Object.entries(mounts)) {
+    if (mount === null || typeof mount === "string") clean[service] = mount;
+  }
+  return clean;
 }
 
 function crashOutput(result: DeployActionUpdate["result"]): Record<string, string[]> | null {
@@ -83,6 +94,7 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         app.runningVersion = null;
         app.runningSince = null;
         app.runningBuildId = null;
+        app.runningMounts = null;
         if (u.result?.purge === true) {
           // purge: the images went with the undeploy; the builds that made them go too.
           await announceBuildsDeleted(em, app, false);
@@ -105,6 +117,7 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
         app.firstDeployedAt ??= app.runningSince;
         app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
+        app.runningMounts = mountsOf(u.result);
       }
       return app;
     case "failed": {

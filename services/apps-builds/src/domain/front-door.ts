@@ -44,18 +44,29 @@ export interface ServiceUrl {
   url: string | null;
 }
 
-type AddressedApp = FrontDoorApp & Pick<App, "baseConfig" | "overlay" | "deployStatus" | "runningVersion" | "serviceNames" | "primaryOverrides">;
+type AddressedApp = FrontDoorApp & Pick<App, "baseConfig" | "overlay" | "deployStatus" | "runningVersion" | "runningMounts" | "serviceNames" | "primaryOverrides">;
 
 /** Whether something serves the branch now (the route exists). */
 export function isServing(app: Pick<App, "deployStatus" | "runningVersion">): boolean {
   return app.deployStatus !== "undeployed" && app.deployStatus !== "undeploying" && !!app.runningVersion;
 }
 
+/**
+ * The app's services with their URLs. The names are the app's config's (what the next deploy
+ * runs) plus any service the serving release still runs; the mounts are the serving release's as
+ * its agent reported them, so a service added or re-mounted by save-config has no URL (or its old
+ * one) until a deploy routes it. A release reported without mounts falls back to the config's.
+ */
 export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceUrl[] {
   const config = appConfigOf(app);
-  const names = config?.services ? Object.keys(config.services) : app.serviceNames;
-  const hosts = isServing(app) ? publicHosts(app, router) : [];
-  const mounts = new Map(config ? routedServices(config).map(({ name, service }) => [name, service.mount!]) : []);
+  const configured = config?.services ? Object.keys(config.services) : app.serviceNames;
+  const serving = isServing(app);
+  const live = serving ? app.runningMounts : null;
+  const names = [...new Set([...configured, ...Object.keys(live ?? {})])];
+  const hosts = serving ? publicHosts(app, router) : [];
+  const mounts = live
+    ? new Map(Object.entries(live).filter((e): e is [string, string] => e[1] !== null))
+    : new Map(config ? routedServices(config).map(({ name, service }) => [name, service.mount!]) : []);
   return names.map((name) => {
     const mount = mounts.get(name);
     if (!hosts[0] || mount === undefined) return { name, url: null };

@@ -37,6 +37,8 @@ export const AppSchema = defineEntity({
     runningVersion: p.text().nullable(),
     runningBuildId: p.uuid().nullable(),
     runningSince: p.datetime().nullable(),
+    /** The serving release's routing shape as its agent reported it: service -> mount (null: unrouted). */
+    runningMounts: p.json<Record<string, string | null>>().nullable(),
     /** When the branch's first deploy completed (a seed reference is consumed by it). */
     firstDeployedAt: p.datetime().nullable(),
     databaseEnabled: p.boolean(),

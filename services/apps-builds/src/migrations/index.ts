@@ -9,6 +9,7 @@ import { deploymentMigrations } from "./0007_deployments.ts";
 import { deployUpdateOrderMigrations } from "./0008_deploy_update_order.ts";
 import { firstDeployMigrations } from "./0009_first_deploy.ts";
 import { repositoryKeyWwwMigrations } from "./0010_repository_key_www.ts";
+import { runningMountsMigrations } from "./0011_running_mounts.ts";
 
 export const appsBuildsMigrations = [
   ...migrations,
@@ -21,4 +22,5 @@ export const appsBuildsMigrations = [
   ...deployUpdateOrderMigrations,
   ...firstDeployMigrations,
   ...repositoryKeyWwwMigrations,
+  ...runningMountsMigrations,
 ];

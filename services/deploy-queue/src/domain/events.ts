@@ -35,10 +35,10 @@ export interface ActionUpdated {
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : null);
 
 /**
- * What apps-builds reads of a result (builds rows, last_crash_output, purge). The rest (per-phase
+ * What apps-builds reads of a result (builds rows, last_crash_output, purge, the live mounts). The rest (per-phase
  * output, env_vars_snapshot) stays in the queue row: an event has to fit in one bus message.
  */
-const ANNOUNCED_RESULT_KEYS = ["commit_hash", "commit_message", "commit_author", "commit_committed_at", "images", "config", "log", "crash_output", "purge"];
+const ANNOUNCED_RESULT_KEYS = ["commit_hash", "commit_message", "commit_author", "commit_committed_at", "images", "config", "log", "crash_output", "purge", "mounts"];
 
 /** Well under the bus's message size (1 MiB unless configured), leaving room for the rest of the event. */
 export const ANNOUNCED_RESULT_MAX_BYTES = 512 * 1024;
