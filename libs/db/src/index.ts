@@ -13,6 +13,7 @@ import { OutboxEvent, ProcessedEvent, outboxMigrations } from "./outbox.ts";
 export { MikroORM, Migration, type EntityManager, type MigrationObject };
 export { OutboxEvent, ProcessedEvent, enqueueEvent, outboxEvent, claimEvent, claimEvents, type OutboxRow } from "./outbox.ts";
 export { Coalescer, type CoalescerOptions, type Settled } from "./coalescing.ts";
+export { AuditEntry, AuditEntrySchema, audit } from "./audit.ts";
 
 export interface DatabaseOptions {
   url: string;

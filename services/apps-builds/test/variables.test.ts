@@ -13,7 +13,8 @@ import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUr
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { App } from "../src/entities/index.ts";
-import { AuditEntry, Variable, VariableSet } from "../src/entities/variables.ts";
+import { AuditEntry } from "@platform/db";
+import { Variable, VariableSet } from "../src/entities/variables.ts";
 import { registerApp } from "../src/domain/registration.ts";
 import { copyVarsForRegistration, putVariables } from "../src/domain/variables.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";

@@ -15,7 +15,8 @@ import { createTestDatabase, deleteBusStreams, dropDatabase, freePorts, refusal,
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { build as buildAppsBuilds } from "../../apps-builds/src/app.ts";
-import { AuditEntry, Group, Membership } from "../src/entities/index.ts";
+import { AuditEntry } from "@platform/db";
+import { Group, Membership } from "../src/entities/index.ts";
 import { addMembership, createUser, mintSession } from "../src/domain/users.ts";
 
 const logger = createLogger({ service: "identity-groups-test", level: "silent", pretty: false });

@@ -13,12 +13,11 @@
  * Another group's app is "not found", exactly like an unknown one (`findApp`, `appBranches`).
  */
 import { PlatformError } from "@platform/errors";
-import type { EntityManager } from "@platform/db";
+import { audit, type EntityManager } from "@platform/db";
 import { actorOf, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
 import { Variable, VariableSet } from "../entities/variables.ts";
 import { appBranches, appNotFound, findApp } from "./apps.ts";
-import { audit } from "./audit.ts";
 
 /** The branch the variables routes act on when none is named (spec: "branch defaults to main"). */
 export const DEFAULT_VARIABLES_BRANCH = "main";

@@ -1,4 +1,5 @@
 import { defineEntity, p } from "@mikro-orm/core";
+import { AuditEntrySchema } from "@platform/db";
 
 /** One environment variable of one app branch (doc 2 section 2.6); effective at the next deploy. */
 export const VariableSchema = defineEntity({
@@ -31,22 +32,5 @@ export const VariableSetSchema = defineEntity({
 export class VariableSet extends VariableSetSchema.class {}
 VariableSetSchema.setClass(VariableSet);
 
-/** The audit log of apps-builds: who did what, committed with the change itself. */
-export const AuditEntrySchema = defineEntity({
-  name: "AuditEntry",
-  tableName: "audit_log",
-  properties: {
-    id: p.bigint().primary().autoincrement(),
-    at: p.datetime().defaultRaw("now()"),
-    /** Who did it: `<caller kind>:<principal id>` or `system`. */
-    actor: p.text(),
-    action: p.text(),
-    target: p.text(),
-    groupSlug: p.text().nullable(),
-    details: p.json<Record<string, unknown>>(),
-  },
-});
-export class AuditEntry extends AuditEntrySchema.class {}
-AuditEntrySchema.setClass(AuditEntry);
 
 export const variableEntities = [VariableSchema, VariableSetSchema, AuditEntrySchema];

@@ -6,11 +6,10 @@
 import { randomUUID } from "node:crypto";
 import { LockMode, UniqueConstraintViolationException } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
-import { enqueueEvent, type EntityManager } from "@platform/db";
+import { audit, enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { actorOf, canSeeGroup, requireOperator, type Caller } from "@platform/caller";
 import { FormerGroupSlug, Group } from "../entities/index.ts";
-import { audit } from "./audit.ts";
 import { acquireLease, confirmLease, releaseLease, type Lease, type LeaseOutcome, type Transact } from "./group-lock.ts";
 
 /** A rename or delete waits this long for registrations in flight to finish. */

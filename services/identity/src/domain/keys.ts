@@ -4,11 +4,10 @@
  */
 import { randomUUID } from "node:crypto";
 import { PlatformError } from "@platform/errors";
-import { enqueueEvent, type EntityManager } from "@platform/db";
+import { audit, enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { actorOf, isScope, scopeLevel, SCOPES, spansEveryGroup, type Caller } from "@platform/caller";
 import { ApiKey, Group } from "../entities/index.ts";
-import { audit } from "./audit.ts";
 import { API_KEY_PREFIX, displayPrefix, generateApiKey, hashCredential } from "./credentials.ts";
 import { findVisibleGroup, groupNotFound } from "./groups.ts";
 

@@ -1,10 +1,9 @@
 /** A signed-in user's own sessions: listable and revocable (spec doc 1 section 3.5). */
 import { PlatformError } from "@platform/errors";
-import { enqueueEvent, type EntityManager } from "@platform/db";
+import { audit, enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
 import { actorOf, type Caller } from "@platform/caller";
 import { Session } from "../entities/index.ts";
-import { audit } from "./audit.ts";
 import { sessionState, isSessionKind } from "./sessions.ts";
 
 function requireSessionCaller(caller: Caller): void {

@@ -3,11 +3,10 @@
  * until they land, tests use them to set up members.
  */
 import { randomUUID } from "node:crypto";
-import type { EntityManager } from "@platform/db";
+import { audit, type EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
 import { ROLES, type Role } from "@platform/caller";
 import { Group, Membership, Session, User } from "../entities/index.ts";
-import { audit } from "./audit.ts";
 import { generateSessionToken, hashCredential } from "./credentials.ts";
 import { initialWindow, type SessionKind } from "./sessions.ts";
 

@@ -1,4 +1,5 @@
 import { defineEntity, p } from "@mikro-orm/core";
+import { AuditEntrySchema } from "@platform/db";
 
 export const UserSchema = defineEntity({
   name: "User",
@@ -120,21 +121,5 @@ export const SessionSchema = defineEntity({
 export class Session extends SessionSchema.class {}
 SessionSchema.setClass(Session);
 
-export const AuditEntrySchema = defineEntity({
-  name: "AuditEntry",
-  tableName: "audit_log",
-  properties: {
-    id: p.bigint().primary().autoincrement(),
-    at: p.datetime().defaultRaw("now()"),
-    /** Who did it: `api_key:<id>`, `session:<id>` or `system`. */
-    actor: p.text(),
-    action: p.text(),
-    target: p.text(),
-    groupSlug: p.text().nullable(),
-    details: p.json<Record<string, unknown>>(),
-  },
-});
-export class AuditEntry extends AuditEntrySchema.class {}
-AuditEntrySchema.setClass(AuditEntry);
 
 export const entities = [UserSchema, GroupSchema, GroupLeaseSchema, FormerGroupSlugSchema, MembershipSchema, ApiKeySchema, SessionSchema, AuditEntrySchema];
