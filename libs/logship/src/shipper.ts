@@ -10,24 +10,10 @@
 import { randomUUID } from "node:crypto";
 import { subjects, type Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
-import { validateLogLine, type LogLevel, type LogSource, type ValidLogLine } from "./line.ts";
+import { validateLogLine, type LogLevel, type LogLine, type ValidLogLine } from "./line.ts";
 
-/** What a caller hands to `ship()`: `ts` defaults to now, `level` to info. */
-export interface LogLineInput {
-  ts?: string | Date;
-  source: LogSource;
-  level?: LogLevel;
-  app_name?: string | null;
-  branch?: string | null;
-  group_slug?: string | null;
-  service_name?: string | null;
-  deployment_id?: string | null;
-  build_id?: string | null;
-  action_id?: string | null;
-  instance_id?: string | null;
-  message: string;
-  metadata?: Record<string, unknown>;
-}
+/** What a caller hands to `ship()`: a line whose `ts` defaults to now and `level` to info; ids are the shipper's. */
+export type LogLineInput = Omit<LogLine, "id" | "ts" | "level"> & { ts?: string | Date; level?: LogLevel };
 
 export interface LogShipperOptions {
   /** Only `js` and `subject` are used. */
