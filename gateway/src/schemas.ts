@@ -111,7 +111,10 @@ export const appSchema = {
     deploy_status: { type: "string", description: "undeployed until the first deploy; then running, deploying, failed, undeploying, undeploy_failed. A deploy that ended before an agent claimed it (its build failed or was cancelled) leaves it as it was; last_deploy_status and last_deploy_error tell of it." },
     visibility: { type: "string", enum: ["public", "private"] },
     is_production: { type: "boolean" },
-    latest_build: nullableString,
+    latest_build: {
+      ...nullableString,
+      description: "Tag of the branch's latest successful build: the image a redeploy without a build ships. A build still running or failed is not it (see build_count and last_build_status).",
+    },
     build_count: { type: "integer" },
     running_version: nullableString,
     running_build_id: nullableString,
