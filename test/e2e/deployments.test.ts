@@ -194,8 +194,11 @@ describe("a build deployed by the agent", () => {
     expect(again.body).toMatchObject({ mode: "image", image_tag: v3.tag, status: "queued" });
     const redeployed = await waitFor(async () => (await call(api, "GET", `/deployments/${again.body.deployment_id}`, { credential: acme })).body, (d) => d.status === "completed", 60_000);
     expect(redeployed.previous_tag).toBe(v3.tag);
-    // A redeploy of an image carries no build: running_build_id is not reported (rule 5 counts DEPLOYs of builds only).
-    expect((await getApp()).running_version).toBe(v3.tag);
+    // The redeploy queued no build (its build_id is null), but the release it ships was made by
+    // v3's build: running_build_id names that build, known, not guessed (rule 5).
+    expect(again.body.build_id).toBeNull();
+    await expect.poll(async () => Date.parse((await getApp()).running_since), { timeout: 10_000 }).toBe(Date.parse(redeployed.completed_at));
+    expect(await getApp()).toMatchObject({ running_version: v3.tag, running_build_id: v3.buildId });
   });
 
   it("refuses to queue a deployment of a service the release does not declare, or static-site settings for a container app, nothing queued", async () => {
