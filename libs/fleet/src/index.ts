@@ -31,5 +31,6 @@ export {
 } from "./fleet.ts";
 export { startCaddy, probeCaddy, type StartCaddyOptions, type StartedCaddy } from "./caddy.ts";
 export { freePort, freePorts, isPortFree } from "./ports.ts";
+export { stopReplicas } from "./replicas.ts";
 export { loadOrCreateRootKey, generateRootKey, rootKeyFile, ROOT_KEY_PATTERN } from "./root-key.ts";
 export { REPO_ROOT, DEFAULT_DATA_DIR, DEFAULT_DATABASE_URL, DEFAULT_NATS_URL, redactUrl } from "./paths.ts";

@@ -12,7 +12,7 @@
 import os from "node:os";
 import path from "node:path";
 import { randomBytes } from "node:crypto";
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import pg from "pg";
 import { platformErrorOf } from "@platform/rpc";
 import { connect } from "@nats-io/transport-node";
@@ -27,6 +27,7 @@ import {
   serviceUrls,
   startCaddy,
   startFleet,
+  stopReplicas,
   type FleetProcess,
   type StartedCaddy,
 } from "@platform/fleet";
@@ -192,23 +193,6 @@ function inheritedEnv(): Record<string, string | undefined> {
   return env;
 }
 
-/**
- * Stops the replicas a fleet's agent started (process runtime: each records its pid, the leader
- * of its own process group, in `<runDir>/replicas/<id>/replica.json`).
- */
-async function killReplicas(runDir: string): Promise<void> {
-  const dir = path.join(runDir, "replicas");
-  const ids = await readdir(dir).catch(() => [] as string[]);
-  for (const id of ids) {
-    try {
-      const { pid } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as { pid?: number };
-      if (typeof pid === "number" && pid > 1) process.kill(-pid, "SIGKILL");
-    } catch {
-      // Gone already, or never started: nothing to stop.
-    }
-  }
-}
-
 export async function startTestFleet(options: TestFleetOptions = {}): Promise<TestFleet> {
   const replicas = options.gatewayReplicas ?? 1;
   if (!Number.isInteger(replicas) || replicas < 1) throw new Error(`gatewayReplicas must be a whole number >= 1 (got ${replicas})`);
@@ -244,7 +228,7 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
   const cleanup = async () => {
     await caddy?.stop();
     // Deployed apps outlive their agent by design; a test fleet takes them down with it.
-    await killReplicas(env.AGENT_RUN_DIR ?? path.join(fleetDir, "agent", "run"));
+    await stopReplicas(env.AGENT_RUN_DIR ?? path.join(fleetDir, "agent", "run"));
     await rm(fleetDir, { recursive: true, force: true });
     await dropDatabase(databaseUrl).catch(() => undefined);
     await deleteBusStreams(busPrefix, natsUrl).catch(() => undefined);

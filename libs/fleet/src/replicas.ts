@@ -1,0 +1,39 @@
+/**
+ * The deployed apps' replicas an agent left running (process runtime). They outlive the agent by
+ * design; a test fleet, or `npm run reset`, takes them down with it.
+ */
+import { readdir, readFile, rmdir } from "node:fs/promises";
+import path from "node:path";
+import { sleep } from "./exec.ts";
+
+/**
+ * Stops every replica recorded under `<runDir>/replicas/<id>/replica.json` (its pid leads its own
+ * process group) and removes its memory cgroup; returns how many were still running.
+ */
+export async function stopReplicas(runDir: string): Promise<number> {
+  const dir = path.join(runDir, "replicas");
+  const ids = await readdir(dir).catch(() => [] as string[]);
+  let stopped = 0;
+  const cgroups: string[] = [];
+  for (const id of ids) {
+    try {
+      const { pid, cgroup } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as { pid?: number; cgroup?: string | null };
+      if (cgroup) cgroups.push(cgroup);
+      if (typeof pid === "number" && pid > 1) {
+        process.kill(-pid, "SIGKILL");
+        stopped++;
+      }
+    } catch {
+      // Gone already, or never started: nothing to stop.
+    }
+  }
+  for (const cgroup of cgroups) {
+    // A process just killed holds its cgroup for a moment.
+    for (let attempt = 0; attempt < 20; attempt++) {
+      const code = await rmdir(cgroup).then(() => null, (err: NodeJS.ErrnoException) => err.code);
+      if (code !== "EBUSY") break;
+      await sleep(100);
+    }
+  }
+  return stopped;
+}
