@@ -315,6 +315,13 @@ describe("groups and keys", () => {
     expect((await call(api, "POST", "/groups", { credential: root, body: {} })).status).toBe(422);
   });
 
+  it("binds a key to the group named by `group` or by its alias `group_slug`", async () => {
+    const alias = await call(api, "POST", "/keys", { credential: root, body: { name: "by-alias", scope: "read", group_slug: "globex" } });
+    expect(alias).toMatchObject({ status: 201, body: { group_slug: "globex" } });
+    const both = await call(api, "POST", "/keys", { credential: root, body: { name: "both", scope: "read", group: "acme", group_slug: "globex" } });
+    expect(both).toMatchObject({ status: 201, body: { group_slug: "acme" } });
+  });
+
   it("shows a new key once and lists it without the key or its hash", async () => {
     const created = await call(api, "POST", "/keys", { credential: keys.acmeAdmin!.key, body: { name: "deployer", scope: "deploy" } });
     expect(created.status).toBe(201);

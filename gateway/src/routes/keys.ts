@@ -36,7 +36,8 @@ export function keyRoutes(app: FastifyInstance, identity: Client<typeof Identity
           properties: {
             name: { type: "string", description: "1-100 characters." },
             scope: { type: "string", enum: ["read", "deploy", "admin"] },
-            group: { type: "string", description: "Group the key belongs to; defaults to the group you act in." },
+            group: { type: "string", description: "Group the key belongs to (alias `group_slug`, the name the key's answer uses); defaults to the group you act in." },
+            group_slug: { type: "string", description: "Alias of `group`, as app registration accepts it; `group` wins when both are sent." },
             platform: { type: "boolean", default: false, description: "Operators only: a legacy platform key bound to no group." },
           },
           required: ["name", "scope"],
@@ -61,12 +62,12 @@ export function keyRoutes(app: FastifyInstance, identity: Client<typeof Identity
       },
     },
     async (request, reply) => {
-      const body = request.body as { name: string; scope: string; group?: string; platform?: boolean };
+      const body = request.body as { name: string; scope: string; group?: string; group_slug?: string; platform?: boolean };
       const r = await identity.createKey({
         caller: callerOf(request),
         name: body.name,
         scope: body.scope,
-        group: body.group ?? "",
+        group: body.group ?? body.group_slug ?? "",
         platform: body.platform ?? false,
       });
       const k = r.key;
