@@ -98,7 +98,9 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
           "Source semantics: `agent` and `backup` match that source exactly; `deploy` matches deploy lines and agent lines " +
           "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds with lines in the window (or of the build an id names); " +
           "`container` reads the replicas' stdout and stderr as the log collector shipped them, which includes the output a crashed replica left " +
-          "(the crash tail of a failed deploy is that same output, so it is not repeated). An empty container answer carries `reason`. " +
+          "(the crash tail of a failed deploy is that same output, so it is not repeated). With a deployment_id it reads the output of the replicas " +
+          "that deployment started; a build_id or action_id (which container lines do not carry) selects the owning app's output. " +
+          "An empty container answer carries `reason`. " +
           "`total` is exact up to 10 000 (or offset + limit when larger); past that it reports that bound plus one, and has_more stays exact. " +
           "When the log store is unreachable the answer is still 200: empty logs and an `error` text.",
         querystring: {

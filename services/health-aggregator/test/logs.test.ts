@@ -440,6 +440,7 @@ describe("queries", () => {
 // The agent's lines of one deploy that failed its health checks (ids as above).
 const KIOSK_DEPLOY = "de0de0de-0000-4000-8000-000000000003";
 const KIOSK_ACTION = "acacacac-0000-4000-8000-000000000003";
+const KIOSK_EARLIER_DEPLOY = "de0de0de-0000-4000-8000-000000000004";
 
 describe("the agent's lines: source semantics and why a container answer is empty", () => {
   const kiosk = { app_name: "kiosk", group_slug: "initech", branch: "main" };
@@ -453,18 +454,19 @@ describe("the agent's lines: source semantics and why a container answer is empt
     const crash = "Error: cannot find module ./server.js";
     const lines: LogLineInput[] = [
       { ...kiosk, ...deployOf, ts: ago(20 * MIN), source: "deploy", service_name: "web", message: "deploy phase pulling image kiosk-web:main-1a2b" },
-      { ...kiosk, ts: webFirstSeen, source: "container", service_name: "web", metadata: replica("stdout"), message: "kiosk listening on :3000" },
+      // Container lines carry the deployment that started their replica.
+      { ...kiosk, deployment_id: KIOSK_DEPLOY, ts: webFirstSeen, source: "container", service_name: "web", metadata: replica("stdout"), message: "kiosk listening on :3000" },
       { ...kiosk, ...deployOf, ts: ago(18 * MIN), source: "deploy", service_name: "web", message: "deploy phase health checks for web" },
       // The replica's own output, shipped by the collector; the agent ships the same crash tail
       // again as a deploy error line.
-      { ...kiosk, ts: webLastSeen, source: "container", level: "error", service_name: "web", metadata: replica("stderr"), message: crash },
+      { ...kiosk, deployment_id: KIOSK_DEPLOY, ts: webLastSeen, source: "container", level: "error", service_name: "web", metadata: replica("stderr"), message: crash },
       { ...kiosk, ...deployOf, ts: ago(17 * MIN), source: "deploy", level: "error", service_name: "web", message: crash },
       { ...kiosk, deployment_id: KIOSK_DEPLOY, ts: ago(16.5 * MIN), source: "agent", service_name: "web", message: "rolled back kiosk web to the previous release" },
       // Supervisor events: no deployment.
       { ...kiosk, ts: ago(16 * MIN), source: "agent", level: "warning", service_name: "web", message: "replica kiosk-web-1 crashed (exit 1); restarting" },
       { ...kiosk, ts: ago(15 * MIN), source: "agent", service_name: "web", message: "replica kiosk-web-1 restarted" },
       { ...kiosk, branch: "preview", ts: ago(4 * MIN), source: "agent", message: "preview branch registered" },
-      { ...kiosk, ts: workerSeen, source: "container", service_name: "worker", metadata: replica("stdout"), message: "worker drained the queue" },
+      { ...kiosk, deployment_id: KIOSK_EARLIER_DEPLOY, ts: workerSeen, source: "container", service_name: "worker", metadata: replica("stdout"), message: "worker drained the queue" },
       // An app with deploy and agent lines only: nothing of it ever ran.
       { app_name: "ghost", group_slug: "initech", branch: "main", ts: ago(10 * MIN), source: "deploy", service_name: "web", message: "deploy phase queued for ghost" },
       { app_name: "ghost", group_slug: "initech", branch: "main", ts: ago(9 * MIN), source: "agent", service_name: "web", message: "ghost supervisor idle" },
@@ -510,9 +512,15 @@ describe("the agent's lines: source semantics and why a container answer is empt
     const pastTheEnd = await query(operator, { appName: "kiosk", source: "container", offset: 10 });
     expect(pastTheEnd).toMatchObject({ logs: [], total: 2, hasMore: false });
     expect(pastTheEnd.reason).toBeUndefined();
-    // An id names its app (spec 4.6): the container lines of the deployment's app, as by app_name.
-    const byDeployment = await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container" });
+    // A deployment id selects the output of the replicas it started, as it does without a source:
+    // narrowing to container lines never widens the answer.
+    const byDeployment = await query(operator, { deploymentId: KIOSK_DEPLOY, source: "container", since: "4h" });
     expect(byDeployment.logs.map((l) => l.message)).toEqual(["Error: cannot find module ./server.js", "kiosk listening on :3000"]);
+    const unsourced = await query(operator, { deploymentId: KIOSK_DEPLOY, since: "4h" });
+    expect(unsourced.logs.filter((l) => l.source === "container")).toEqual(byDeployment.logs);
+    // A container line carries no action id: one names its app (spec 4.6), as app_name does.
+    const byAction = await query(operator, { actionId: KIOSK_ACTION, source: "container", since: "4h" });
+    expect(byAction.logs.map((l) => l.message)).toEqual(older.logs.map((l) => l.message));
     expect(await query(tenant("acme"), { deploymentId: KIOSK_DEPLOY, source: "container" })).toMatchObject({ logs: [], total: 0, reason: "no_log_group" });
   });
 

@@ -191,9 +191,10 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
   ] as const;
   for (const [column, id] of ids) {
     if (!id) continue;
-    // Container lines carry no ids: there the id names its app (spec 4.6, "identifies the
-    // owning app"), through any line that carries it. Other lines are the id's own.
-    if (q.source === "container") {
+    // A container line carries the deployment that started its replica, but no build or action
+    // id: there a build or action id names its app (spec 4.6, "identifies the owning app"),
+    // through any line that carries it. Every other line is filtered by the id it carries.
+    if (q.source === "container" && column !== "deployment_id") {
       where.push(`app_name = ${owningApp(column, id, group)}`);
     } else {
       where.push(`${column} = ${id}`);
