@@ -114,7 +114,12 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
             build_id: idParam("build"),
             action_id: idParam("queue action"),
             level: { type: "string", enum: LEVELS },
-            search: { type: "string", description: "Full-text search over message: every word must appear." },
+            search: {
+              type: "string",
+              description:
+                "Full-text search over message: every word must appear, in any case and order. Spaces and punctuation separate words, " +
+                "so `healthz` finds `GET /healthz` and `build info` finds `dist/build-info.txt`; a part of a word finds nothing.",
+            },
             since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w. A longer window than 365d is read as 365d." },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
             offset: offsetParam,

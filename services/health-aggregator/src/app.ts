@@ -10,6 +10,7 @@ import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
 import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
 import { logBranchesDroppedMigrations } from "./migrations/0004_log_branches_dropped.ts";
+import { searchWordsMigrations } from "./migrations/0005_search_words.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 import { forgetBuilds, parseBuildsDeleted } from "./domain/builds-deleted.ts";
@@ -35,7 +36,7 @@ export async function build(
     name: "health-aggregator",
     config,
     entities,
-    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations, ...logBranchesDroppedMigrations],
+    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations, ...logBranchesDroppedMigrations, ...searchWordsMigrations],
     // Called after onStart, which has opened the store.
     routes: (ctx) => routes(ctx, store!),
     async onStart(ctx) {

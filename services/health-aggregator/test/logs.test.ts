@@ -339,6 +339,12 @@ describe("queries", () => {
     expect(await messages(operator, { search: "finished", appName: "rocket" })).toEqual(["build finished"]);
     expect((await query(operator, { search: "finished", appName: "shop" })).total).toBe(7);
     expect(await messages(operator, { search: "!!! ???" })).toEqual([]);
+    // Punctuation separates words: those inside a path or a hyphenated tag are found, by
+    // themselves or written as they stand.
+    expect(await messages(operator, { search: "checkout" })).toEqual(["slow request GET /checkout took 2300 ms"]);
+    expect(await messages(operator, { search: "GET /checkout" })).toEqual(["slow request GET /checkout took 2300 ms"]);
+    expect(await messages(operator, { search: "abc" })).toEqual(["deploy started for tag main-abc"]);
+    expect(await messages(operator, { search: "tag main-abc" })).toEqual(["deploy started for tag main-abc"]);
   });
 
   it("takes an id as naming the owning app: app_name and branch are ignored", async () => {

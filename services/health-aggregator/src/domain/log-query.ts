@@ -148,6 +148,13 @@ export function groupScope(caller: Caller): GroupScope {
   return { kind: "none" };
 }
 
+/**
+ * What separates the words of a message and of a search (a POSIX regular expression): spaces, and
+ * punctuation, so that the words inside a path, a URL or a hyphenated name are words too. The
+ * stored `message_tsv` is built with it (migration 0005).
+ */
+export const SEARCH_WORD_SEPARATORS = "[[:punct:]]+";
+
 export interface Sql {
   text: string;
   values: unknown[];
@@ -235,7 +242,7 @@ export function logSql(q: LogQuery, scope: Exclude<GroupScope, { kind: "none" }>
   }
   if (q.serviceName) where.push(`service_name = ${param(q.serviceName)}`);
   if (q.level) where.push(`level = ${param(q.level)}`);
-  if (q.search) where.push(`message_tsv @@ plainto_tsquery('simple', ${param(q.search)})`);
+  if (q.search) where.push(`message_tsv @@ plainto_tsquery('simple', regexp_replace(${param(q.search)}, '${SEARCH_WORD_SEPARATORS}', ' ', 'g'))`);
 
   const clause = where.join(" and ");
   const shared = values.length;
