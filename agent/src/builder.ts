@@ -42,6 +42,11 @@ export interface BuildDeps {
   timeoutMs: number;
   /** One line of build output (also kept for the stored log). */
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
+  /**
+   * Null while `log` takes lines; else a promise of room. A build command's output is not read
+   * meanwhile, so the command waits on its writes instead of its lines being dropped.
+   */
+  logRoom?(): Promise<void> | null;
   /** Reports a phase (with what is learned by then); true means cancel was requested and the build must stop. */
   phase(name: string, opts?: { wait?: boolean } & PhaseFacts): Promise<boolean>;
   /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
@@ -72,7 +77,13 @@ export interface BuildOutcome {
   };
 }
 
-const MAX_LOG_BYTES = 1024 * 1024;
+/**
+ * The stored log keeps a build's first and last output up to these sizes (the middle of a longer
+ * log is left out, with a line saying how much): the end is where a failure is told. Together well
+ * under what a result may announce (ANNOUNCED_RESULT_MAX_BYTES in deploy-queue), so it is stored whole.
+ */
+const LOG_HEAD_BYTES = 128 * 1024;
+const LOG_TAIL_BYTES = 256 * 1024;
 const PHASE_TAIL_LINES = 200;
 /** A longer line of a command's output is passed on in pieces of this size (as the runtime's log lines). */
 const MAX_LINE_CHARS = 64 * 1024;
@@ -103,7 +114,14 @@ export async function removePartialImages(imageDir: string): Promise<number> {
  */
 function runCommand(
   command: string | string[],
-  opts: { cwd: string; env: NodeJS.ProcessEnv; deadline: number; onLine: (line: string, stream: "stdout" | "stderr") => void },
+  opts: {
+    cwd: string;
+    env: NodeJS.ProcessEnv;
+    deadline: number;
+    onLine: (line: string, stream: "stdout" | "stderr") => void;
+    /** Asked after each chunk of output: a promise pauses reading until it resolves (see BuildDeps.logRoom). */
+    room?: () => Promise<void> | null;
+  },
 ): Promise<{ code: number | null; timedOut: boolean }> {
   const remaining = opts.deadline - Date.now();
   if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
@@ -150,8 +168,24 @@ function runCommand(
     };
     const out = splitter("stdout");
     const err = splitter("stderr");
-    child.stdout.on("data", out.data);
-    child.stderr.on("data", err.data);
+    const waitForRoom = () => {
+      const room = opts.room?.();
+      if (!room) return;
+      child.stdout.pause();
+      child.stderr.pause();
+      void room.then(() => {
+        child.stdout.resume();
+        child.stderr.resume();
+      });
+    };
+    child.stdout.on("data", (chunk: Buffer) => {
+      out.data(chunk);
+      waitForRoom();
+    });
+    child.stderr.on("data", (chunk: Buffer) => {
+      err.data(chunk);
+      waitForRoom();
+    });
     child.once("error", (e) => {
       clearTimeout(timer);
       reject(e);
@@ -198,20 +232,31 @@ async function keepRelease(src: string, dir: string, workspace: string): Promise
 
 export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOutcome> {
   const deadline = Date.now() + deps.timeoutMs;
-  const logLines: string[] = [];
-  let logBytes = 0;
+  const head: string[] = [];
+  let headBytes = 0;
+  const tail: string[] = [];
+  let tailBytes = 0;
+  let omitted = { lines: 0, bytes: 0 };
   const phases: Record<string, string[]> = {};
   let current = "setup";
   const emit = (level: LogLevel, message: string, service?: string) => {
     deps.log({ level, message, service_name: service, phase: current });
     const line = service ? `[${service}] ${message}` : message;
-    if (logBytes < MAX_LOG_BYTES) {
-      logLines.push(line);
-      logBytes += line.length + 1;
+    if (headBytes < LOG_HEAD_BYTES) {
+      head.push(line);
+      headBytes += line.length + 1;
+    } else {
+      tail.push(line);
+      tailBytes += line.length + 1;
+      while (tailBytes > LOG_TAIL_BYTES && tail.length > 1) {
+        const out = tail.shift()!;
+        tailBytes -= out.length + 1;
+        omitted = { lines: omitted.lines + 1, bytes: omitted.bytes + out.length + 1 };
+      }
     }
-    const tail = (phases[current] ??= []);
-    tail.push(line);
-    if (tail.length > PHASE_TAIL_LINES) tail.shift();
+    const phaseTail = (phases[current] ??= []);
+    phaseTail.push(line);
+    if (phaseTail.length > PHASE_TAIL_LINES) phaseTail.shift();
   };
   // Phase reports are answered later (see phaseReports): a cancel the queue took while a build
   // command ran is known only from the answer to a report sent after it. The phase after a command
@@ -229,8 +274,8 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
   const workspace = await mkdtemp(path.join(deps.workDir, `build-${job.build_id.slice(0, 8)}-`));
   const src = path.join(workspace, "src");
   const finish = (status: BuildOutcome["status"], error: string): BuildOutcome => {
-    if (logBytes >= MAX_LOG_BYTES) logLines.push("[log truncated at 1 MiB]");
-    result.log = logLines.join("\n");
+    const gap = omitted.lines > 0 ? [`[${omitted.lines} line(s), ${omitted.bytes} characters, left out here: the log keeps a build's first and last output]`] : [];
+    result.log = [...head, ...gap, ...tail].join("\n");
     result.phases = Object.fromEntries(Object.entries(phases).map(([k, v]) => [k, v.join("\n")]));
     return { status, error_message: error, result };
   };
@@ -283,6 +328,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
         env: buildEnv(job, home),
         deadline,
         onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
+        room: deps.logRoom,
       });
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0) throw new BuildFailure(`The build command of service ${name} exited with code ${run.code}.`);

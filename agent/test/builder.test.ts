@@ -151,3 +151,42 @@ it("passes on a command's endless line in pieces, no half of a character in any"
     await long.cleanup();
   }
 });
+
+it("keeps the first and last output of a long build in its stored log, and waits on its output while the log has no room", async () => {
+  const noisy = await makeFixtureRepo("node-web");
+  try {
+    await noisy.commit("noisy build", {
+      "noisy.js": "for (let i = 0; i < 20000; i++) console.log(`line ${i} ${'x'.repeat(60)}`);\nconsole.error('the end');\nprocess.exitCode = 1;\n",
+      "platform.yaml": webConfigBuiltBy("node noisy.js"),
+    });
+    const lines: string[] = [];
+    let waits = 0;
+    let full = 2000;
+    const outcome = await runBuild({ ...job("main-00000009", false), repository: noisy.url, branch: noisy.branch }, {
+      ...deps(),
+      log: (line) => void lines.push(line.message),
+      // A shipper with no room every 2,000 lines, for a moment.
+      logRoom: () => {
+        if (lines.length < full) return null;
+        full += 2000;
+        waits++;
+        return new Promise<void>((r) => setTimeout(r, 5));
+      },
+    });
+    expect(outcome).toMatchObject({ status: "failed", error_message: "The build command of service web exited with code 1." });
+    expect(waits).toBeGreaterThan(0);
+    // Nothing was lost or reordered while the command waited.
+    const output = lines.filter((l) => l.startsWith("line "));
+    expect(output).toHaveLength(20000);
+    expect(output.every((l, i) => l.startsWith(`line ${i} `))).toBe(true);
+    expect(lines).toContain("the end");
+    const log = outcome.result.log;
+    expect(log.length).toBeLessThan(512 * 1024);
+    expect(log).toContain("[web] line 0 ");
+    expect(log).toMatch(/\n\[\d+ line\(s\), \d+ characters, left out here: the log keeps a build's first and last output\]\n/);
+    expect(log).toContain("[web] line 19999 ");
+    expect(log).toContain("[web] the end");
+  } finally {
+    await noisy.cleanup();
+  }
+});

@@ -69,6 +69,10 @@ export class LogShipper {
   #closed = false;
   #lastFailureLog = 0;
   #stats = { published: 0, dropped: 0, invalid: 0, publishFailures: 0 };
+  /** Lines dropped while the buffer was full, per stream of lines (see #dropKey), told once there is room. */
+  #droppedBy = new Map<string, { line: LogLineInput; count: number }>();
+  /** Waiters for room (see room()). */
+  #roomWaiters: Array<() => void> = [];
 
   constructor(opts: LogShipperOptions) {
     this.#bus = opts.bus;
@@ -88,8 +92,24 @@ export class LogShipper {
   ship(input: LogLineInput): boolean {
     if (this.#closed || this.buffered >= this.#maxBuffered) {
       this.#stats.dropped++;
+      if (!this.#closed) this.#noteDropped(input);
       return false;
     }
+    if (this.#droppedBy.size > 0) this.#tellDropped();
+    return this.#accept(input);
+  }
+
+  /**
+   * Null while the buffer has room; otherwise a promise that resolves once it is half empty. A
+   * producer that can wait (a build command's output: its pipe fills and the command waits on its
+   * writes) waits on it instead of having its lines dropped.
+   */
+  room(): Promise<void> | null {
+    if (this.#closed || this.buffered < this.#maxBuffered) return null;
+    return new Promise((resolve) => this.#roomWaiters.push(resolve));
+  }
+
+  #accept(input: LogLineInput): boolean {
     const result = validateLogLine({
       ...this.#defaults,
       ...stripUndefined(input),
@@ -105,6 +125,40 @@ export class LogShipper {
     this.#pending.push(result.line);
     if (this.#pending.length >= this.#batchLines) void this.flush();
     return true;
+  }
+
+  /** Which stream of lines a dropped line belongs to: where its marker goes. */
+  #dropKey(input: LogLineInput): string {
+    return JSON.stringify([input.source, input.app_name, input.branch, input.group_slug, input.service_name, input.build_id, input.deployment_id, input.action_id]);
+  }
+
+  #noteDropped(input: LogLineInput): void {
+    const key = this.#dropKey(input);
+    const seen = this.#droppedBy.get(key);
+    if (seen) seen.count++;
+    else this.#droppedBy.set(key, { line: input, count: 1 });
+  }
+
+  /** A line in each stream that lost lines, where they were: a reader sees the gap. */
+  #tellDropped(): void {
+    for (const [key, { line, count }] of this.#droppedBy) {
+      if (this.buffered >= this.#maxBuffered) return;
+      this.#droppedBy.delete(key);
+      this.#accept({
+        ...line,
+        ts: undefined,
+        level: "warning",
+        message: `[${count} line(s) dropped here: the agent's log buffer was full]`,
+        metadata: { ...line.metadata, dropped_lines: count },
+      });
+    }
+  }
+
+  #wakeRoomWaiters(): void {
+    if (this.#roomWaiters.length === 0 || (!this.#closed && this.buffered > this.#maxBuffered / 2)) return;
+    const waiters = this.#roomWaiters;
+    this.#roomWaiters = [];
+    for (const wake of waiters) wake();
   }
 
   /** Lines waiting to be published. */
@@ -147,6 +201,7 @@ export class LogShipper {
   async close(): Promise<void> {
     this.#closed = true;
     clearInterval(this.#timer);
+    this.#wakeRoomWaiters();
     await this.flush();
   }
 
@@ -168,6 +223,8 @@ export class LogShipper {
       this.#batches.shift();
       this.#batchedLines -= batch.lines.length;
       this.#stats.published += batch.lines.length;
+      if (this.#droppedBy.size > 0) this.#tellDropped();
+      this.#wakeRoomWaiters();
       if (this.#pending.length > 0) this.#formBatches();
     }
     return true;

@@ -108,6 +108,28 @@ describe("LogShipper", () => {
     expect(shipper.ship({ source: "agent", message: "after close" })).toBe(false);
   });
 
+  it("tells where lines were dropped once there is room, and lets a producer wait for room instead", async () => {
+    const shipper = new LogShipper({ bus, maxBuffered: 10, flushIntervalMs: 60_000 });
+    const build = { source: "build" as const, app_name: "droppy", build_id: "b0b0b0b0-0000-4000-8000-000000000042" };
+    expect(shipper.room()).toBeNull();
+    const results = Array.from({ length: 25 }, (_, i) => shipper.ship({ ...build, message: `line ${i}` }));
+    expect(results.filter(Boolean)).toHaveLength(10);
+    let roomCame = false;
+    const room = shipper.room()!.then(() => (roomCame = true));
+    expect(roomCame).toBe(false);
+    await shipper.flush();
+    await room;
+    expect(shipper.ship({ ...build, message: "line 25" })).toBe(true);
+    await shipper.close();
+    const lines = (await messages(bus.subject(subjects.logs("droppy", "build")), 3)).flatMap((m) => decodeLogBatch(m.data).lines);
+    expect(lines.map((l) => l.message)).toEqual([
+      ...Array.from({ length: 10 }, (_, i) => `line ${i}`),
+      "[15 line(s) dropped here: the agent's log buffer was full]",
+      "line 25",
+    ]);
+    expect(lines[10]).toMatchObject({ level: "warning", build_id: build.build_id, metadata: { dropped_lines: 15 } });
+  });
+
   it("counts and refuses invalid lines", async () => {
     const shipper = new LogShipper({ bus, flushIntervalMs: 60_000 });
     expect(shipper.ship({ source: "agent", message: "x", build_id: "not an id" })).toBe(false);

@@ -45,6 +45,8 @@ export const ANNOUNCED_RESULT_MAX_BYTES = 512 * 1024;
 
 /** A string no longer worth cutting: what is left over the bound is not in long texts. */
 const SHORTEST_CUT = 256;
+/** The note a cut text ends with. */
+const CUT_NOTE = /\n\[cut: (\d+) more characters\]$/;
 /** Room for the note a cut text ends with. */
 const CUT_NOTE_ROOM = 64;
 
@@ -63,8 +65,11 @@ export function announcedResult(result: Record<string, unknown> | null): Record<
     const longest = longestString(picked);
     if (!longest || longest.text.length < SHORTEST_CUT) break;
     // What is over the bound (each character is at least a byte), but at most half of it at once.
-    const keep = pairSafeEnd(longest.text, Math.max(Math.floor(longest.text.length / 2), longest.text.length - excess - CUT_NOTE_ROOM));
-    longest.holder[longest.key] = `${longest.text.slice(0, keep)}\n[cut: ${longest.text.length - keep} more characters]`;
+    // A text cut before ends with that cut's note: the new note counts what both cut.
+    const earlier = CUT_NOTE.exec(longest.text);
+    const text = earlier ? longest.text.slice(0, earlier.index) : longest.text;
+    const keep = pairSafeEnd(text, Math.max(Math.floor(text.length / 2), text.length - excess - CUT_NOTE_ROOM));
+    longest.holder[longest.key] = `${text.slice(0, keep)}\n[cut: ${text.length - keep + Number(earlier?.[1] ?? 0)} more characters]`;
   }
   return picked;
 }
