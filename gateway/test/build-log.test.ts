@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, BuildSchema, LogRowSchema } from "@platform/proto";
-import { fromBuild, fromQueue, isRunning } from "../src/domain/build-log.ts";
+import { fromBuild, fromQueue, isFinished, isRunning } from "../src/domain/build-log.ts";
 
 const running = create(BuildSchema, { id: "b1", appName: "web", tag: "main-1", status: "queued", queueStatus: "build_in_progress" });
 const row = (id: number, message: string) => create(LogRowSchema, { id: BigInt(id), message, serviceName: "web" });
@@ -10,6 +10,19 @@ describe("build log", () => {
   it("returns the stored log of a finished build", () => {
     const done = create(BuildSchema, { ...running, status: "completed", queueStatus: "build_completed", log: "a\nb" });
     expect(fromBuild(done, null)).toMatchObject({ status: "completed", log: "a\nb", lines: 2, message: null });
+  });
+
+  it("shows a build failed without a stored log (its agent stopped answering) with its error and the lines its agent shipped", () => {
+    const reaped = create(BuildSchema, { ...running, status: "failed", queueStatus: "build_failed", errorMessage: "The agent on host h1 stopped responding." });
+    expect(isFinished(reaped)).toBe(true);
+    expect(fromBuild(reaped, { rows: [row(2, "compiling"), row(1, "$ npm run build")], more: false })).toMatchObject({
+      status: "failed",
+      log: "[web] $ npm run build\n[web] compiling",
+      lines: 2,
+      message: "The agent on host h1 stopped responding. This build stored no log: these are the lines its agent shipped.",
+    });
+    expect(fromBuild(reaped, { rows: [], more: false })).toMatchObject({ log: "", lines: 0, message: "The agent on host h1 stopped responding. This build stored no output." });
+    expect(fromBuild(reaped, null).message).toBe("The agent on host h1 stopped responding. This build stored no output.");
   });
 
   it("streams the live tail oldest first while the build runs, flagging truncation", () => {

@@ -37,20 +37,37 @@ export function isRunning(build: Build): boolean {
   return !TERMINAL.has(build.status) && build.queueStatus === "build_in_progress";
 }
 
+export function isFinished(build: Build): boolean {
+  return TERMINAL.has(build.status);
+}
+
 /** A live queue status in words: `build_in_progress` is "in progress". */
 function liveState(queueStatus: string): string {
   return queueStatus.replace(/^build_/, "").replaceAll("_", " ");
 }
 
+/** The shipped lines of a build, oldest first (the log store answers newest first). */
+function shippedLog(tail: { rows: LogRow[] }): string {
+  return tail.rows.map(lineText).reverse().join("\n");
+}
+
 /**
  * A finished build's stored log, or the live tail while it runs (`tail` null: the read failed);
- * a build not started yet, or finished but not yet stored, has none.
+ * a build not started yet, or finished but not yet stored, has none. A build that finished with
+ * no stored log (its agent stopped answering and the queue failed it) shows the lines its agent
+ * shipped, when there are any, after its error.
  */
 export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } | null): BuildLogResponse {
   const base = { build_id: build.id, app_name: build.appName, tag: build.tag, status: build.status, queue_status: build.queueStatus || null };
   if (TERMINAL.has(build.status) || build.log) {
-    const log = build.log ?? "";
-    return { ...base, message: log ? null : "This build stored no output.", log, lines: countLines(log) };
+    const stored = build.log ?? "";
+    if (stored) return { ...base, message: null, log: stored, lines: countLines(stored) };
+    const shipped = tail && tail.rows.length > 0 ? shippedLog(tail) : "";
+    const error = build.errorMessage ? `${build.errorMessage} ` : "";
+    const message = shipped
+      ? `${error}This build stored no log: these are the lines its agent shipped${tail?.more ? ` (the last ${LIVE_TAIL_LIMIT})` : ""}.`
+      : `${error}This build stored no output.`;
+    return { ...base, message, log: shipped, lines: countLines(shipped) };
   }
   if (!isRunning(build)) {
     const message =
@@ -62,8 +79,7 @@ export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } 
   if (tail === null) {
     return { ...base, message: "The build is running but its live output could not be read; try again in a moment.", log: "", lines: 0 };
   }
-  // The log store answers newest first; a log reads oldest first.
-  const log = tail.rows.map(lineText).reverse().join("\n");
+  const log = shippedLog(tail);
   const truncation = tail.more ? ` (truncated to the last ${LIVE_TAIL_LIMIT} lines)` : "";
   return {
     ...base,
