@@ -186,6 +186,18 @@ describe("PUT variables", () => {
     expect(after).toEqual(before);
   });
 
+  it("refuses the names the platform sets in every replica itself (PORT, PLATFORM_*), writing nothing", async () => {
+    const before = await client.getVariables({ caller: acme, appName: "putter" });
+    for (const reserved of ["PORT", "PLATFORM_APP", "PLATFORM_ANYTHING"]) {
+      const e = await refusal(put("putter", "main", { GOOD_ONE: "x", [reserved]: "v" }));
+      expect(e.status, reserved).toBe(422);
+      expect(e.detail, reserved).toContain("reserved");
+    }
+    expect(await client.getVariables({ caller: acme, appName: "putter" })).toEqual(before);
+    // Near misses are ordinary names.
+    expect((await put("putter", "main", { PORTS: "1", MY_PORT: "2", PLATFORM: "3" })).variables).toMatchObject({ PORTS: "1", MY_PORT: "2", PLATFORM: "3" });
+  });
+
   it("refuses values over 32 KiB (UTF-8 bytes) or with a NUL character", async () => {
     expect((await put("putter", "main", { MAX: "x".repeat(32 * 1024) })).variables.MAX).toHaveLength(32 * 1024);
     expect((await refusal(put("putter", "main", { TOO_BIG: "x".repeat(32 * 1024 + 1) }))).status).toBe(422);

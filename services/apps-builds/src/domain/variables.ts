@@ -93,6 +93,23 @@ export function checkKey(key: unknown): string {
   return key;
 }
 
+/**
+ * Names the platform sets in every replica's environment itself (PORT, the port the replica must
+ * listen on; PLATFORM_APP and the other PLATFORM_ names): a variable of that name would never
+ * reach the app, so it is refused when set (it may still be deleted).
+ */
+export function isReservedKey(key: string): boolean {
+  return key === "PORT" || key.startsWith("PLATFORM_");
+}
+
+function checkSettableKey(key: unknown): string {
+  const name = checkKey(key);
+  if (isReservedKey(name)) {
+    throw PlatformError.invalid(`Variable name ${quoted(name)} is reserved: the platform sets PORT and every PLATFORM_ name in each replica's environment itself.`);
+  }
+  return name;
+}
+
 /** Value rule: a string of at most 32 KiB (UTF-8) without NUL characters. */
 export function checkValue(key: string, value: unknown): string {
   if (typeof value !== "string") throw PlatformError.invalid(`The value of ${quoted(key)} must be a string.`);
@@ -193,7 +210,7 @@ export async function putVariables(
   variables: Record<string, unknown>,
 ): Promise<VariablesDocument> {
   const app = await findApp(em, caller, appName, branchOrDefault(branch));
-  const entries = Object.entries(variables).map(([k, v]) => [checkKey(k), checkValue(k, v)] as const);
+  const entries = Object.entries(variables).map(([k, v]) => [checkSettableKey(k), checkValue(k, v)] as const);
   await lockVariables(em, app);
   const loaded = await loadVariables(em, app);
   const changed = entries.filter(([k, v]) => loaded.rows.get(k)?.value !== v);
