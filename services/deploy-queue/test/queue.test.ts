@@ -594,6 +594,9 @@ describe("prioritize", () => {
       detail: { code: "app_in_several_groups", groups: ["acme", "globex"] },
     });
     expect((await client.prioritize({ caller: operator("acme", true), target: "op-prio" })).actionIds.sort()).toEqual([a.buildId, a.deployId].sort());
+    // An action id resolves inside the group an operator selected, like an app name.
+    expect(await refusal(client.prioritize({ caller: operator("globex", true), target: a.buildId.slice(0, 8) }))).toMatchObject({ status: 404 });
+    expect((await client.prioritize({ caller: operator("acme", true), target: a.buildId.slice(0, 8) })).actionIds).toContain(a.buildId);
     expect(await refusal(client.prioritize({ caller: operator(), target: "no-such-app" }))).toMatchObject({ status: 404, detail: expect.stringContaining("in any group") });
   });
 });
