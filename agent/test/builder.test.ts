@@ -156,7 +156,7 @@ it("keeps the first and last output of a long build in its stored log, and waits
   const noisy = await makeFixtureRepo("node-web");
   try {
     await noisy.commit("noisy build", {
-      "noisy.js": "for (let i = 0; i < 20000; i++) console.log(`line ${i} ${'x'.repeat(60)}`);\nconsole.error('the end');\nprocess.exitCode = 1;\n",
+      "noisy.js": "for (let i = 0; i < 20000; i++) console.log(`line ${i} ${'x'.repeat(60)}`);\nconsole.log('the end');\nprocess.exitCode = 1;\n",
       "platform.yaml": webConfigBuiltBy("node noisy.js"),
     });
     const lines: string[] = [];

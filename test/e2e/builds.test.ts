@@ -167,8 +167,14 @@ describe("a build on a real agent", () => {
       expect(build).toMatchObject({ status: "completed", queue_status: "build_completed" });
       const logs = await call(api, "GET", `/builds/id/${r.body.build_id}/logs`, { credential: acme });
       expect(logs.body).toMatchObject({ status: "completed", build_id: r.body.build_id });
-      expect(logs.body.log).toContain("0 xxxx");
-      expect(logs.body.log).toMatch(/\[cut: \d+ more characters\]$/);
+      // The stored log keeps the first and the last output, and says what it left out between.
+      expect(logs.body.log).toContain("[web] 0 xxxx");
+      expect(logs.body.log).toMatch(/\n\[\d+ line\(s\), \d+ characters, left out here: the log keeps a build's first and last output\]\n/);
+      expect(logs.body.log).toContain("[web] 29999 xxxx");
+      // Every line was shipped: the command waited while the agent's log buffer was full.
+      const found = async (n: number) => (await call(api, "GET", `/logs?build_id=${r.body.build_id}&search=${n}&since=1h`, { credential: acme })).body.total;
+      await expect.poll(() => found(29999), { timeout: 30_000 }).toBe(1);
+      for (const n of [0, 9999, 12345, 15000, 20001, 27777]) expect(await found(n), String(n)).toBe(1);
       const next = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", repository: web.url, auto_deploy: false } });
       expect((await untilFinished(acme, next.body.build_id)).status).toBe("completed");
     } finally {

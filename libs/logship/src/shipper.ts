@@ -100,12 +100,13 @@ export class LogShipper {
   }
 
   /**
-   * Null while the buffer has room; otherwise a promise that resolves once it is half empty. A
-   * producer that can wait (a build command's output: its pipe fills and the command waits on its
-   * writes) waits on it instead of having its lines dropped.
+   * Null while the buffer is less than half full; otherwise a promise that resolves once it is a
+   * quarter full again. A producer that can wait (a build command's output: its pipe fills and the
+   * command waits on its writes) waits on it, and the half left over takes what it had already
+   * read (a pipe's chunk of lines), so none of its lines is dropped.
    */
   room(): Promise<void> | null {
-    if (this.#closed || this.buffered < this.#maxBuffered) return null;
+    if (this.#closed || this.buffered < this.#maxBuffered / 2) return null;
     return new Promise((resolve) => this.#roomWaiters.push(resolve));
   }
 
@@ -155,7 +156,7 @@ export class LogShipper {
   }
 
   #wakeRoomWaiters(): void {
-    if (this.#roomWaiters.length === 0 || (!this.#closed && this.buffered > this.#maxBuffered / 2)) return;
+    if (this.#roomWaiters.length === 0 || (!this.#closed && this.buffered > this.#maxBuffered / 4)) return;
     const waiters = this.#roomWaiters;
     this.#roomWaiters = [];
     for (const wake of waiters) wake();

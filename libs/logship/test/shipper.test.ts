@@ -112,8 +112,13 @@ describe("LogShipper", () => {
     const shipper = new LogShipper({ bus, maxBuffered: 10, flushIntervalMs: 60_000 });
     const build = { source: "build" as const, app_name: "droppy", build_id: "b0b0b0b0-0000-4000-8000-000000000042" };
     expect(shipper.room()).toBeNull();
-    const results = Array.from({ length: 25 }, (_, i) => shipper.ship({ ...build, message: `line ${i}` }));
-    expect(results.filter(Boolean)).toHaveLength(10);
+    for (let i = 0; i < 4; i++) shipper.ship({ ...build, message: `line ${i}` });
+    expect(shipper.room()).toBeNull();
+    shipper.ship({ ...build, message: "line 4" });
+    // Half full: a producer that can wait is asked to; the other half takes what it still sends.
+    expect(shipper.room()).not.toBeNull();
+    const results = Array.from({ length: 20 }, (_, i) => shipper.ship({ ...build, message: `line ${i + 5}` }));
+    expect(results.filter(Boolean)).toHaveLength(5);
     let roomCame = false;
     const room = shipper.room()!.then(() => (roomCame = true));
     expect(roomCame).toBe(false);
