@@ -87,12 +87,21 @@ function frontDoor(colour: "blue" | "green", key = "grp/app/main", hosts = [HOST
 }
 
 /** A change made by hand through Caddy's admin API, as an operator with curl would; answers Caddy's reply. */
-async function byHand(method: string, urlPath: string, body?: unknown): Promise<unknown> {
-  const res = await fetch(`${caddy.adminUrl}${urlPath}`, {
-    method,
-    headers: body === undefined ? {} : { "content-type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+async function byHand(method: string, urlPath: string, body?: unknown, retried = false): Promise<unknown> {
+  let res: Response;
+  try {
+    res = await fetch(`${caddy.adminUrl}${urlPath}`, {
+      method,
+      headers: body === undefined ? {} : { "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (err) {
+    // Caddy closes its admin connections when it loads a config: a kept-alive one can be closed
+    // under the next request (the router retries the same way).
+    const code = (err as { cause?: { code?: string } }).cause?.code;
+    if (!retried && (code === "UND_ERR_SOCKET" || code === "ECONNRESET")) return byHand(method, urlPath, body, true);
+    throw err;
+  }
   const text = await res.text();
   expect(res.status, text).toBe(200);
   return text === "" ? null : (JSON.parse(text) as unknown);
