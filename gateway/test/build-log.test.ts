@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { create } from "@bufbuild/protobuf";
 import { ActionSchema, BuildSchema, LogRowSchema } from "@platform/proto";
-import { fromBuild, fromQueue, isFinished, isRunning } from "../src/domain/build-log.ts";
+import { fromBuild, fromQueue, isRunning, showsShippedLines } from "../src/domain/build-log.ts";
 
 const running = create(BuildSchema, { id: "b1", appName: "web", tag: "main-1", status: "queued", queueStatus: "build_in_progress" });
 const row = (id: number, message: string) => create(LogRowSchema, { id: BigInt(id), message, serviceName: "web" });
@@ -9,12 +9,13 @@ const row = (id: number, message: string) => create(LogRowSchema, { id: BigInt(i
 describe("build log", () => {
   it("returns the stored log of a finished build", () => {
     const done = create(BuildSchema, { ...running, status: "completed", queueStatus: "build_completed", log: "a\nb" });
+    expect(showsShippedLines(done)).toBe(false);
     expect(fromBuild(done, null)).toMatchObject({ status: "completed", log: "a\nb", lines: 2, message: null });
   });
 
   it("shows a build failed without a stored log (its agent stopped answering) with its error and the lines its agent shipped", () => {
     const reaped = create(BuildSchema, { ...running, status: "failed", queueStatus: "build_failed", errorMessage: "The agent on host h1 stopped responding." });
-    expect(isFinished(reaped)).toBe(true);
+    expect(showsShippedLines(reaped)).toBe(true);
     expect(fromBuild(reaped, { rows: [row(2, "compiling"), row(1, "$ npm run build")], more: false })).toMatchObject({
       status: "failed",
       log: "[web] $ npm run build\n[web] compiling",
@@ -37,12 +38,14 @@ describe("build log", () => {
   it("pulls no tail before an agent has started the build, and says so", () => {
     const queued = create(BuildSchema, { ...running, queueStatus: "queued" });
     expect(isRunning(queued)).toBe(false);
+    expect(showsShippedLines(queued)).toBe(false);
     expect(fromBuild(queued, null)).toMatchObject({ status: "queued", queue_status: "queued", log: "", lines: 0, message: expect.stringContaining("no agent has started it yet") });
     // Finished in the queue, its row not yet finalised: the stored log is on its way.
     const finishing = create(BuildSchema, { ...running, queueStatus: "build_completed" });
     expect(isRunning(finishing)).toBe(false);
     expect(fromBuild(finishing, null).message).toBe("The build is completed and its log is being stored; try again in a moment.");
     expect(isRunning(running)).toBe(true);
+    expect(showsShippedLines(running)).toBe(true);
   });
 
   it("degrades to a retry message when the live read fails", () => {

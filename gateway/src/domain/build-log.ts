@@ -37,8 +37,12 @@ export function isRunning(build: Build): boolean {
   return !TERMINAL.has(build.status) && build.queueStatus === "build_in_progress";
 }
 
-export function isFinished(build: Build): boolean {
-  return TERMINAL.has(build.status);
+/**
+ * Whether the answer shows the lines the agent shipped, read from the log store: while the build
+ * runs (its live tail), and when it finished without a stored log.
+ */
+export function showsShippedLines(build: Build): boolean {
+  return !build.log && (isRunning(build) || TERMINAL.has(build.status));
 }
 
 /** A live queue status in words: `build_in_progress` is "in progress". */

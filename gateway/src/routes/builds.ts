@@ -4,7 +4,7 @@ import type { Action, AppsBuildsService, Build, DeployQueueService, HealthAggreg
 import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 import { spansEveryGroup } from "@platform/caller";
-import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, isFinished, isRunning } from "../domain/build-log.ts";
+import { LIVE_TAIL_LIMIT, fromBuild, fromQueue, showsShippedLines } from "../domain/build-log.ts";
 import { callerOf } from "../access.ts";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
@@ -254,7 +254,7 @@ export function buildRoutes(
         if (action.actionType !== "BUILD" || !searched) throw missing();
         return fromQueue(action);
       }
-      if (build.log || !(isRunning(build) || isFinished(build))) return fromBuild(build, null);
+      if (!showsShippedLines(build)) return fromBuild(build, null);
       try {
         const tail = await health.queryLogs({ caller, buildId: build.id, source: "build", since: "7d", limit: LIVE_TAIL_LIMIT });
         return fromBuild(build, tail.error ? null : { rows: tail.logs, more: tail.hasMore });
