@@ -98,7 +98,7 @@ export function checkKey(key: unknown): string {
  * listen on; PLATFORM_APP and the other PLATFORM_ names): a variable of that name would never
  * reach the app, so it is refused when set (it may still be deleted).
  */
-export function isReservedKey(key: string): boolean {
+function isReservedKey(key: string): boolean {
   return key === "PORT" || key.startsWith("PLATFORM_");
 }
 

@@ -32,5 +32,4 @@ export const VariableSetSchema = defineEntity({
 export class VariableSet extends VariableSetSchema.class {}
 VariableSetSchema.setClass(VariableSet);
 
-
 export const variableEntities = [VariableSchema, VariableSetSchema, AuditEntrySchema];
