@@ -241,7 +241,7 @@ describe("a build on a real agent", () => {
   });
 });
 
-describe("cancel", () => {
+describe("without an agent: builds stay queued", () => {
   let idle: TestFleet;
 
   beforeAll(async () => {
@@ -250,6 +250,22 @@ describe("cancel", () => {
 
   afterAll(async () => {
     await idle?.stop();
+  });
+
+  it("takes the first builds of a new app sent together: one registers it, every one is built", async () => {
+    const k = await key(idle, "initech");
+    const body = { app_name: "together", repository: "https://example.com/together.git", auto_deploy: false };
+    const sent = await Promise.all(Array.from({ length: 8 }, () => call(idle.api, "POST", "/builds?skip_preflight=true", { credential: k, body })));
+    expect(sent.map((r) => r.status)).toEqual(Array(8).fill(202));
+    const listed = await call(idle.api, "GET", "/builds?app_name=together", { credential: k });
+    expect(listed.body.items.map((b: { id: string }) => b.id).sort()).toEqual(sent.map((r) => r.body.build_id).sort());
+    expect((await call(idle.api, "GET", "/apps/together", { credential: k })).body.build_count).toBe(8);
+
+    // Without skip_preflight, each is refused as the new app is quarantined, none as a name clash.
+    const held = await Promise.all(
+      Array.from({ length: 8 }, () => call(idle.api, "POST", "/builds", { credential: k, body: { ...body, app_name: "held", repository: "https://example.com/held.git" } })),
+    );
+    expect(held.map((r) => `${r.status} ${r.body.detail.code}`)).toEqual(Array(8).fill("409 preflight_quarantined"));
   });
 
   it("cancels a queued build and its dependent deploy", async () => {

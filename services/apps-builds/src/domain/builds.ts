@@ -265,21 +265,33 @@ export async function triggerBuild(deps: { lock: GroupLock; transact: Transact }
   const target = (em: EntityManager, share: boolean) =>
     em.findOne(App, { groupSlug: group, branch, $or: [{ appName: baseName }, { baseName }] }, share ? { lockMode: LockMode.PESSIMISTIC_READ } : {});
 
-  const built = await deps.transact(async (em) => {
-    const app = await target(em, true);
-    return app ? queueBuild(em, caller, app, input) : null;
-  });
+  const buildRegistered = () =>
+    deps.transact(async (em) => {
+      const app = await target(em, true);
+      return app ? queueBuild(em, caller, app, input) : null;
+    });
+  const built = await buildRegistered();
   if (built) return { ...built, registered: false };
-  const outcome = await underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em): Promise<TriggeredBuild | { quarantined: App }> => {
-    // Registered meanwhile, or found once a rename not yet applied here was caught up with.
-    const found = await target(em, false);
-    if (found) return { ...(await queueBuild(em, caller, found, input)), registered: false };
-    const { app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy);
-    // A new app starts quarantined (spec 3.3). Its registration and preflight commit all the same,
-    // so that the build asked for again once the check has passed finds the app.
-    if (!input.skipPreflight) return { quarantined: app };
-    return { ...(await queueBuild(em, caller, app, input)), registered: true };
-  });
+  let outcome: TriggeredBuild | { quarantined: App };
+  try {
+    outcome = await underGroupLock(deps.lock, deps.transact, group, registrationHolder(caller), async (em): Promise<TriggeredBuild | { quarantined: App }> => {
+      // Registered meanwhile, or found once a rename not yet applied here was caught up with.
+      const found = await target(em, false);
+      if (found) return { ...(await queueBuild(em, caller, found, input)), registered: false };
+      const { app } = await registerApp(em, caller, { appName: input.appName, repository: input.repository, branch, configPath: input.configPath }, policy);
+      // A new app starts quarantined (spec 3.3). Its registration and preflight commit all the same,
+      // so that the build asked for again once the check has passed finds the app.
+      if (!input.skipPreflight) return { quarantined: app };
+      return { ...(await queueBuild(em, caller, app, input)), registered: true };
+    });
+  } catch (err) {
+    // Another request registered the app between our look and our registration (the first
+    // builds of a new app, sent together): this one is a build of the app that request registered.
+    if (!(err instanceof PlatformError && typeof err.detail === "object" && err.detail.code === "app_exists")) throw err;
+    const again = await buildRegistered();
+    if (!again) throw err;
+    return { ...again, registered: false };
+  }
   if ("quarantined" in outcome) throw quarantinedAtRegistration(outcome.quarantined);
   return outcome;
 }
