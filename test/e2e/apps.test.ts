@@ -161,6 +161,24 @@ describe("registration", () => {
     expect(r.body.app_name).toBe("node-web-2");
   });
 
+  it("keeps each front door's address to one app: a name or branch that would share one is refused or suffixed", async () => {
+    // acme's node-web branch feature/x is served at node-web-feature-x.
+    const named = await call(api, "POST", "/apps", { credential: globex, body: { app_name: "node-web-feature-x", repository: "https://example.com/globex/nwfx.git" } });
+    expect(named.status).toBe(201);
+    expect(named.body.app_name).toBe("node-web-feature-x-2");
+    expect((await call(api, "POST", "/apps", { credential: globex, body: { app_name: "spot-dev", repository: "https://example.com/globex/spot-dev.git" } })).status).toBe(201);
+    expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "spot", repository: "https://example.com/acme/spot.git" } })).status).toBe(201);
+    const branch = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "spot", repository: "https://example.com/acme/spot.git", branch: "dev" } });
+    expect(branch.status).toBe(409);
+    expect(branch.body.detail).toMatchObject({ code: "host_label_taken", host_label: "spot-dev" });
+    const preview = await call(api, "GET", "/apps/spot/branches?next_branch=dev", { credential: acme });
+    expect(preview.body).toMatchObject({ next_branch_would_be_production: null, next_branch_copy_refusal: { code: "host_label_taken" } });
+    expect((await call(api, "GET", "/apps/spot/branches", { credential: acme })).body.branches.map((b: { branch: string }) => b.branch)).toEqual(["main"]);
+    for (const [credential, name] of [[globex, "node-web-feature-x-2"], [globex, "spot-dev"], [acme, "spot"]] as const) {
+      expect((await call(api, "DELETE", `/apps/${name}`, { credential })).status).toBe(204);
+    }
+  });
+
   it("cuts a long name short for its suffix, past names that were cut the same way", async () => {
     const long = "l".repeat(63);
     const register = async (credential: string, app_name: string, repo: string) =>
@@ -230,6 +248,8 @@ describe("registration from another branch", () => {
       [{ app_name: "node-web", branch: "b3", clone_data_from_branch: "main", seed_from_reference: "node-web:main:latest" }, 422],
       [{ app_name: "node-web", branch: "b4", seed_from_reference: "not a reference" }, 422],
       [{ app_name: "node-web", branch: "b5", seed_from_reference: "other-app:main:latest" }, 404],
+      // A branch is not seeded from itself.
+      [{ app_name: "node-web", branch: "b6", seed_from_reference: "node-web:b6:latest" }, 404],
       [{ app_name: "fresh-app", repository: "https://example.com/fresh.git", copy_vars_from_branch: "main" }, 422],
     ];
     for (const [body, status] of refusals) {

@@ -76,12 +76,14 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       schema: {
         tags: ["apps"],
         summary: "Register an app from a git repository. It starts quarantined at preflight `pending`.",
-        description: "422 `label_too_long` when a branch other than production would have a host label `<app>-<branch>` longer than 63 characters.",
+        description:
+          "422 `label_too_long` when a branch other than production would have a host label `<app>-<branch>` longer than 63 characters. " +
+          "409 `host_label_taken` (with `host_label`) when a new branch's host label is one another app answers to: app `shop-dev`, or the branch `dev` of another app `shop`.",
         querystring: { type: "object", properties: commonQuery },
         body: {
           type: "object",
           properties: {
-            app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it, and to `id`, `history` and `queue`, words routes of this API read as their own (`id` registers as `id-2`)." },
+            app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it or another app's branch is served at it (`shop` branch `dev` answers at `shop-dev`), and to `id`, `history` and `queue`, words routes of this API read as their own (`id` registers as `id-2`)." },
             repository: { type: "string", description: "https://, http://, ssh:// or git@host:path (file:// where allowed)." },
             display_name: { type: "string" },
             branch: { type: "string", minLength: 1, default: "main" },

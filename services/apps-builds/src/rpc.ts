@@ -15,7 +15,8 @@ import { buildCounts } from "./domain/builds.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
 import { nextBranchPreview } from "./domain/next-branch.ts";
-import { registerUnderGroupLock } from "./domain/registration.ts";
+import { hostLabelsTaken, registerUnderGroupLock } from "./domain/registration.ts";
+import { validBranchLabel } from "./domain/naming.ts";
 import type { GroupLock } from "./domain/group-lock.ts";
 import { requeuePreflight } from "./domain/preflight.ts";
 
@@ -227,8 +228,12 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
 
       async listBranches(req) {
         const caller = requireCaller(req.caller);
-        const rows = await ctx.read((em) => appBranches(em, caller, req.appName));
-        const next = req.nextBranch === undefined ? undefined : nextBranchPreview(rows, req.nextBranch);
+        const { rows, takenHostLabels } = await ctx.read(async (em) => {
+          const rows = await appBranches(em, caller, req.appName);
+          const label = req.nextBranch === undefined || rows.length === 0 ? undefined : validBranchLabel(req.nextBranch);
+          return { rows, takenHostLabels: label === undefined ? new Set<string>() : await hostLabelsTaken(em, `${rows[0]!.appName}-${label}`, []) };
+        });
+        const next = req.nextBranch === undefined ? undefined : nextBranchPreview(rows, req.nextBranch, takenHostLabels);
         return {
           appName: req.appName,
           next: next && {

@@ -20,6 +20,8 @@ describe("next branch preview", () => {
     expect(nextBranchPreview(branches, "Feature-X")).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "branch_collides" } });
     expect(nextBranchPreview(branches, "a..b")).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "invalid_branch" } });
     expect(nextBranchPreview(branches, "x".repeat(60))).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "label_too_long" } });
+    expect(nextBranchPreview(branches, "dev", new Set(["shop-dev"]))).toMatchObject({ wouldBeProduction: null, copyRefusal: { code: "host_label_taken" } });
+    expect(nextBranchPreview(branches, "qa", new Set(["shop-dev"])).copyRefusal).toBeNull();
   });
 
   it("would make the first branch production, into which nothing is copied", () => {

@@ -54,6 +54,15 @@ export function checkBranch(branch: string): string {
   return value;
 }
 
+/** The label of a valid branch name; undefined for a name `checkBranch` refuses. */
+export function validBranchLabel(branch: string): string | undefined {
+  try {
+    return branchLabel(checkBranch(branch));
+  } catch {
+    return undefined;
+  }
+}
+
 /**
  * LIKE patterns matching every name `withSuffix` may try for `base`: a suffix cuts a long base
  * short to stay within a label, so names that start like the shortest cut (room for a suffix of
@@ -94,5 +103,18 @@ export function checkBranchHostLabel(appName: string, label: string): void {
     code: "label_too_long",
     message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${LABEL_MAX}. Use a shorter branch name.`,
     max: LABEL_MAX,
+  });
+}
+
+/**
+ * The refusal of a branch whose host label (`<app>-<branch label>`) another app already answers
+ * to: two apps cannot share a front door (registration.ts, hostLabelsTaken).
+ */
+export function hostLabelTaken(appName: string, label: string): PlatformError {
+  const host = `${appName}-${label}`;
+  return PlatformError.conflict({
+    code: "host_label_taken",
+    message: `Branch '${label}' of '${appName}' would be served at '${host}', an address another app already answers to. Use another branch name.`,
+    host_label: host,
   });
 }

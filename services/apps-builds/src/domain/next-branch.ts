@@ -4,7 +4,7 @@
  * registration enforces (registration.ts) and enforces nothing itself.
  */
 import type { App } from "../entities/index.ts";
-import { branchLabel, checkBranch, checkBranchHostLabel } from "./naming.ts";
+import { branchLabel, checkBranch, checkBranchHostLabel, hostLabelTaken } from "./naming.ts";
 
 export interface NextBranchPreview {
   /** null: the branch cannot be registered (taken, colliding or not a valid name). */
@@ -16,7 +16,12 @@ export interface NextBranchPreview {
   cloneComponentsAvailable: { db: boolean; drives: boolean; buckets: boolean };
 }
 
-export function nextBranchPreview(branches: Pick<App, "appName" | "branch" | "branchLabel" | "isProduction" | "databaseEnabled">[], nextBranch: string): NextBranchPreview {
+/** `takenHostLabels`: the host labels other apps answer to, among those the branch could have. */
+export function nextBranchPreview(
+  branches: Pick<App, "appName" | "branch" | "branchLabel" | "isProduction" | "databaseEnabled">[],
+  nextBranch: string,
+  takenHostLabels: ReadonlySet<string> = new Set(),
+): NextBranchPreview {
   const production = branches.find((b) => b.isProduction) ?? null;
   const base = {
     productionBranch: production?.branch ?? null,
@@ -43,6 +48,7 @@ export function nextBranchPreview(branches: Pick<App, "appName" | "branch" | "br
     } catch (err) {
       return refused("label_too_long", err instanceof Error ? err.message : `Branch '${branch}' makes too long a host label.`);
     }
+    if (takenHostLabels.has(`${appName}-${label}`)) return refused("host_label_taken", hostLabelTaken(appName, label).message);
   }
   // Registration makes a branch production only when the app has none (registration.ts).
   const wouldBeProduction = branches.length === 0;

@@ -9,7 +9,7 @@ import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { actorOf, canSeeGroup, type Caller } from "@platform/caller";
 import { App } from "../entities/index.ts";
-import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, suffixPatterns, withSuffix } from "./naming.ts";
+import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, hostLabelTaken, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
 import { REGISTRATION_SETTINGS } from "@platform/proto";
@@ -128,12 +128,39 @@ async function holdUntilCommit(em: EntityManager, key: string): Promise<void> {
  */
 async function freeName(em: EntityManager, baseName: string): Promise<string> {
   for (;;) {
-    const taken = await em.find(App, { $or: [{ appName: baseName }, ...suffixPatterns(baseName).map((p) => ({ appName: { $like: p } }))] }, { fields: ["appName"] });
-    const name = withSuffix(baseName, new Set(taken.map((a) => a.appName)));
+    const name = withSuffix(baseName, await hostLabelsTaken(em, baseName, suffixPatterns(baseName)));
     if (name === baseName) return name;
     await holdUntilCommit(em, `apps.register.${name}`);
-    if ((await em.count(App, { appName: name })) === 0) return name;
+    if ((await hostLabelsTaken(em, name, [])).size === 0) return name;
   }
+}
+
+/**
+ * The host labels in use among `label` and the LIKE `patterns`. Front doors share one namespace
+ * (front-door.ts): an app answers to its name and each of its branches to `<app>-<branch label>`.
+ * Every branch's label counts, the production branch's too, since set-production moves the bare
+ * name to another branch. So `shop-dev` is taken once `shop` has a branch `dev`, and the reverse.
+ */
+export async function hostLabelsTaken(em: EntityManager, label: string, patterns: string[]): Promise<Set<string>> {
+  const rows = await em.getConnection().execute<{ label: string }[]>(
+    `select label from (select app_name as label from apps union all select app_name || '-' || branch_label from apps) hosts
+     where label = ?${" or label like ?".repeat(patterns.length)}`,
+    [label, ...patterns],
+    "all",
+    em.getTransactionContext(),
+  );
+  return new Set(rows.map((r) => r.label));
+}
+
+/**
+ * A new branch's host label (`<app>-<branch label>`) must not be one another app answers to. Held
+ * as a registration of that name holds it, so a new app of that name cannot take it meanwhile.
+ */
+async function checkBranchHostFree(em: EntityManager, appName: string, label: string): Promise<void> {
+  checkBranchHostLabel(appName, label);
+  const host = `${appName}-${label}`;
+  await holdUntilCommit(em, `apps.register.${host}`);
+  if ((await hostLabelsTaken(em, host, [])).size > 0) throw hostLabelTaken(appName, label);
 }
 
 /** The registration's write, in the transaction of `em` (under the group lock: registerUnderGroupLock). */
@@ -191,7 +218,7 @@ export async function registerApp(
     appName = await freeName(em, baseName);
   }
 
-  if (ours.length > 0) checkBranchHostLabel(appName, label);
+  if (ours.length > 0) await checkBranchHostFree(em, appName, label);
   // A new branch is another version of the same project: it keeps the project's name unless given one.
   const project = ours.find((a) => a.appName === appName && a.isProduction) ?? ours.find((a) => a.appName === appName);
   const displayName = givenDisplayName || project?.displayName || input.appName.trim();
@@ -241,7 +268,7 @@ export async function registerApp(
     if (seed.length > SEED_REFERENCE_MAX) throw PlatformError.invalid(`seed_from_reference must be at most ${SEED_REFERENCE_MAX} characters.`);
     const parsed = parseSeedReference(seed);
     if (!parsed) throw PlatformError.invalid(`seed_from_reference '${seed}' is not of the form <app>:<branch>:<selector>.`);
-    const source = await em.findOne(App, { appName: parsed.app, branch: parsed.branch, groupSlug: group });
+    const source = await em.findOne(App, { appName: parsed.app, branch: parsed.branch, groupSlug: group, id: { $ne: app.id } });
     if (!source) throw PlatformError.notFound(`Seed source '${parsed.app}:${parsed.branch}' is not a branch of this app or of an app in group '${group}'.`);
     app.seedFromReference = seed;
   }
