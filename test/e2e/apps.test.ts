@@ -328,4 +328,29 @@ describe("tenant isolation", () => {
     expect((await call(api, "DELETE", `/apps/node-web?branch=${encodeURIComponent("feature/x")}`, { credential: acme })).status).toBe(204);
     expect((await call(api, "GET", `/apps/node-web?branch=${encodeURIComponent("feature/x")}`, { credential: acme })).status).toBe(404);
   });
+
+  it("never leaves an app without a production branch when a deletion races a promotion or a registration", async () => {
+    const branchesOf = async (app: string) =>
+      (await call(api, "GET", `/apps/${app}/branches`, { credential: acme })).body.branches.map((b: { branch: string; is_production: boolean }) => `${b.branch}${b.is_production ? "*" : ""}`);
+    for (let i = 0; i < 6; i++) {
+      const body = { app_name: `race-${i}`, repository: `https://example.com/acme/race-${i}.git` };
+      expect((await call(api, "POST", "/apps", { credential: acme, body })).status).toBe(201);
+      expect((await call(api, "POST", "/apps", { credential: acme, body: { ...body, branch: "dev" } })).status).toBe(201);
+      // Promoted then deleted: 409 production_branch. Deleted then promoted: 404, main stays production.
+      const [promote, remove] = await Promise.all([
+        call(api, "POST", `/apps/race-${i}/set-production?branch=dev`, { credential: acme }),
+        call(api, "DELETE", `/apps/race-${i}?branch=dev`, { credential: acme }),
+      ]);
+      expect([`${promote.status} ${remove.status}`, await branchesOf(`race-${i}`)]).toBeOneOf([
+        ["200 409", ["dev*", "main"]],
+        ["404 204", ["main*"]],
+      ]);
+      // Registered then deleted: 409 production_branch. Deleted then registered: the new branch is production.
+      const staging = await Promise.all([
+        call(api, "POST", "/apps", { credential: acme, body: { ...body, branch: "staging" } }),
+        call(api, "DELETE", `/apps/race-${i}?branch=${(await branchesOf(`race-${i}`)).length === 1 ? "main" : "dev"}`, { credential: acme }),
+      ]);
+      expect((await branchesOf(`race-${i}`)).filter((b: string) => b.endsWith("*")), JSON.stringify(staging.map((r) => r.status))).toHaveLength(1);
+    }
+  });
 });

@@ -32,7 +32,7 @@ import { subjects } from "@platform/bus";
 import { actorOf, type Caller } from "@platform/caller";
 import { checkAppConfig, checkConfigBounds, deriveFeatureFlags, renderAppConfigYaml, type AppConfig } from "@platform/app-config";
 import { App } from "../entities/index.ts";
-import { appBranches, appNotFound, findApp } from "./apps.ts";
+import { appBranches, appNotFound, findApp, holdProductionLock } from "./apps.ts";
 import { checkBranch, checkBranchHostLabel } from "./naming.ts";
 import { requeuePreflight } from "./preflight.ts";
 import { checkConfigPath } from "./registration.ts";
@@ -391,9 +391,7 @@ export async function setProductionBranch(em: EntityManager, caller: Caller, app
   if (!branch.trim()) {
     throw PlatformError.invalid({ code: "branch_required", message: "Name the branch to promote with ?branch=." });
   }
-  await em
-    .getConnection()
-    .execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.production.${appName}`], "all", em.getTransactionContext());
+  await holdProductionLock(em, appName);
   const rows = await appBranches(em, caller, appName);
   const target = rows.find((a) => a.branch === branch);
   if (!target) throw appNotFound(appName, branch);

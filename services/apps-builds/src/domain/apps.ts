@@ -12,6 +12,15 @@ export function appNotFound(appName: string, branch?: string): PlatformError {
 }
 
 /**
+ * Held, until the transaction ends, by every write that decides which branch of an app is
+ * production: set-production, deleting a branch, registering another branch. Without it, a branch
+ * promoted (or registered) while another is deleted could leave the app without a production branch.
+ */
+export async function holdProductionLock(em: EntityManager, appName: string): Promise<void> {
+  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.production.${appName}`], "all", em.getTransactionContext());
+}
+
+/**
  * Every branch row of an app the caller may see, production first: in the selected group, or for
  * a platform operator who named no group, in any.
  */
@@ -43,6 +52,7 @@ export async function listApps(em: EntityManager, caller: Caller): Promise<App[]
  * must hand production over first, so the app is never left without one.
  */
 export async function deleteApp(em: EntityManager, caller: Caller, appName: string, branch?: string): Promise<void> {
+  await holdProductionLock(em, appName);
   const rows = await appBranches(em, caller, appName);
   const target = branch ? rows.find((a) => a.branch === branch) : rows.length === 1 ? rows[0] : undefined;
   if (!target) {

@@ -12,6 +12,7 @@ import { App } from "../entities/index.ts";
 import { appNameFrom, branchLabel, checkBranch, checkBranchHostLabel, hostLabelTaken, suffixPatterns, withSuffix } from "./naming.ts";
 import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { requeuePreflight } from "./preflight.ts";
+import { holdProductionLock } from "./apps.ts";
 import { REGISTRATION_SETTINGS } from "@platform/proto";
 import { applySettings, parseSeedReference, readAppPatch, SEED_REFERENCE_MAX } from "./app-settings.ts";
 import { copyVarsForRegistration } from "./variables.ts";
@@ -218,7 +219,13 @@ export async function registerApp(
     appName = await freeName(em, baseName);
   }
 
-  if (ours.length > 0) await checkBranchHostFree(em, appName, label);
+  let isProduction = true;
+  if (ours.length > 0) {
+    // Read under the lock a deletion of the production branch holds: the app has one when this commits.
+    await holdProductionLock(em, appName);
+    isProduction = (await em.count(App, { appName, isProduction: true })) === 0;
+    await checkBranchHostFree(em, appName, label);
+  }
   // A new branch is another version of the same project: it keeps the project's name unless given one.
   const project = ours.find((a) => a.appName === appName && a.isProduction) ?? ours.find((a) => a.appName === appName);
   const displayName = givenDisplayName || project?.displayName || input.appName.trim();
@@ -237,7 +244,7 @@ export async function registerApp(
     description,
     deployStatus: "undeployed",
     visibility: "public",
-    isProduction: ours.length === 0,
+    isProduction,
     latestBuild: null,
     buildCount: 0,
     databaseEnabled: false,
