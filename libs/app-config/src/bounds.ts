@@ -1,7 +1,7 @@
 /**
- * Size bounds on a config value, checked before the schema: nesting depth and node count. Used on
- * a parsed YAML document (after alias resolution, so an alias counts every time it is used) and on
- * a config submitted as a JSON object.
+ * Size bounds on a config value, checked before the schema: nesting depth and node count, and no
+ * NUL character anywhere. Used on a parsed YAML document (after alias resolution, so an alias
+ * counts every time it is used) and on a config submitted as a JSON object.
  */
 import { Document } from "yaml";
 import { formatConfigPath, type PathSegment } from "./path.ts";
@@ -10,8 +10,8 @@ import { MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, type ConfigProble
 /**
  * Depth counts collections: the root mapping is depth 1, `storage.drives[0]` is depth 4. Nodes
  * count every value (the root, every mapping value, every list item), keys excluded. Returns at
- * most one problem (`too_deep` with the path of the first collection past the bound, or
- * `too_many_nodes`); the walk stops there, so a cyclic or alias-bombed value is cheap to refuse.
+ * most one problem (`too_deep` with the path of the first collection past the bound,
+ * `too_many_nodes`, or `invalid_value` for a key or string holding U+0000); the walk stops there, so a cyclic or alias-bombed value is cheap to refuse.
  */
 export function checkConfigBounds(
   value: unknown,
@@ -22,6 +22,13 @@ export function checkConfigBounds(
   let nodes = 0;
   const path: PathSegment[] = [];
 
+  // Postgres text and jsonb cannot hold U+0000, and no command or name needs one.
+  const nulCharacter = (): ConfigProblem => ({
+    code: "invalid_value",
+    message: `${path.length > 0 ? formatConfigPath(path) : "The config"} holds a NUL character (\\u0000), which a config may not contain.`,
+    ...(path.length > 0 ? { path: formatConfigPath(path) } : {}),
+  });
+
   const visit = (v: unknown, depth: number): ConfigProblem | null => {
     nodes += 1;
     if (nodes > maxNodes) {
@@ -30,6 +37,7 @@ export function checkConfigBounds(
         message: `The config has more than ${maxNodes} values once aliases are expanded.`,
       };
     }
+    if (typeof v === "string" && v.includes("\0")) return nulCharacter();
     if (typeof v !== "object" || v === null) return null;
     const level = depth + 1;
     if (level > maxDepth) {
@@ -49,6 +57,7 @@ export function checkConfigBounds(
     } else {
       for (const key of Object.keys(v)) {
         path.push(key);
+        if (key.includes("\0")) return nulCharacter();
         const problem = visit((v as Record<string, unknown>)[key], level);
         path.pop();
         if (problem) return problem;

@@ -147,6 +147,13 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
     expect(parseConfigYaml(`a: &a ${big}\nb: *a\nc: *a\n`).ok).toBe(true);
   });
 
+  it("refuses a NUL character in a value or a key, with its place (the store cannot hold one)", () => {
+    const value = expectOne(errorsOf('services:\n  web:\n    run: "a\\u0000b"\n'), "invalid_value");
+    expect(value).toMatchObject({ path: "services.web.run", line: 3 });
+    expect(value.message).toContain("NUL character");
+    expect(expectOne(errorsOf('"a\\0b": 1\n'), "invalid_value").message).toContain("NUL character");
+  });
+
   it("refuses a self-referencing alias (a cycle) with too_deep", () => {
     expect(expectOne(errorsOf("a: &a [*a]\n"), "too_deep").path).toBe(`a${"[0]".repeat(15)}`);
   });

@@ -63,7 +63,7 @@ describe("repositories", () => {
   });
 
   it("refuses other schemes with 422, and file:// unless allowed", () => {
-    for (const url of ["ftp://host/repo", "github.com/acme/web", "javascript:alert(1)", "", "https:// spaced"]) {
+    for (const url of ["ftp://host/repo", "github.com/acme/web", "javascript:alert(1)", "", "https:// spaced", "https://example.com/a%00b.git", "https://example.com/a%1Fb.git", "git@host:a\u0001b"]) {
       expect(status(() => checkRepository(url, dev)), url).toBe(422);
     }
     expect(status(() => checkRepository("file:///srv/git/web.git", prod))).toBe(422);

@@ -21,7 +21,8 @@ function unsupported(repository: string): PlatformError {
 /** Throws the 422 unless the URL is one the agents can clone. */
 export function checkRepository(repository: string, policy: RepositoryPolicy): void {
   const value = repository.trim();
-  if (!value || value.length > 2048 || /\s/.test(value)) throw unsupported(repository);
+  // A control character, written or percent-encoded, names no repository any git host serves.
+  if (!value || value.length > 2048 || /\s|[\x00-\x1f\x7f]|%(?:[01][0-9a-f]|7f)/i.test(value)) throw unsupported(repository);
   if (SCP_LIKE.test(value) && !value.includes("://")) return;
   let url: URL;
   try {
