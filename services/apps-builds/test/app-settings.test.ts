@@ -164,13 +164,15 @@ describe("PATCH an app", () => {
   });
 
   it("re-queues the preflight for a new config_path, and not for the same one", async () => {
-    await setRow("web", "main", { preflightStatus: "ready" });
+    await setRow("web", "main", { preflightStatus: "ready", baseConfig: repoConfig() });
     const before = await row("web", "main");
     const r = await patch({ config_path: "deploy/platform.yaml" });
     expect(r.app).toMatchObject({ configPath: "deploy/platform.yaml", preflightStatus: "pending" });
     expect(r.preflightActionId).toMatch(/^[0-9a-f-]{36}$/);
     const after = await row("web", "main");
     expect(after.preflightNonce).toBe(before.preflightNonce + 1);
+    // The base layer was read from the old file: the preflight reads the new one.
+    expect(after.baseConfig).toBeNull();
     const event = await waitFor(() => preflights.find((e) => e.data.action_id === r.preflightActionId));
     expect(event.data).toMatchObject({ app_id: before.id, nonce: after.preflightNonce, config_path: "deploy/platform.yaml", branch: "main", app_name: "web", requested_by: expect.any(String) });
 
@@ -178,6 +180,16 @@ describe("PATCH an app", () => {
     expect(again.preflightActionId).toBeUndefined();
     expect((await row("web", "main")).preflightNonce).toBe(after.preflightNonce);
     await patch({ config_path: "platform.yaml" });
+  });
+
+  it("refuses a config_path another app of the group builds the same repository from (409 repository_already_registered)", async () => {
+    await client.registerApp({ caller: acme, appName: "mono-a", repository: "https://example.com/acme/mono.git", configPath: "a/platform.yaml" });
+    await client.registerApp({ caller: acme, appName: "mono-b", repository: "https://example.com/acme/mono.git", configPath: "b/platform.yaml" });
+    expect(await refusal(patch({ config_path: "a/platform.yaml" }, { app: "mono-b" }))).toMatchObject({ status: 409, detail: { code: "repository_already_registered", app_name: "mono-a" } });
+    expect((await row("mono-b", "main")).configPath).toBe("b/platform.yaml");
+    // Another group may build it so, as it may register it.
+    await client.registerApp({ caller: globex, appName: "mono-c", repository: "https://example.com/acme/mono.git", configPath: "c/platform.yaml" });
+    expect((await patch({ config_path: "a/platform.yaml" }, { app: "mono-c", caller: globex })).app?.configPath).toBe("a/platform.yaml");
   });
 
   it("refuses a config_path that is not a relative path inside the repository", async () => {
@@ -645,6 +657,8 @@ describe("through the gateway's routes", () => {
       source_map: {},
       effective_yaml: null,
     });
+    // As the preflight of the file PATCH moved it to (above) would have read it.
+    await setRow("web", "main", { baseConfig: repoConfig() });
     const full = await call("GET", "/api/apps/web/config?branch=main");
     expect(full.json()).toMatchObject({ base: repoConfig(), overlay: { "services.web.replicas": { value: 2, base: 1 } }, source_map: { "services.web.replicas": "dashboard" } });
     expect(full.json().effective_yaml).toContain("replicas: 2");

@@ -22,8 +22,8 @@
  *   reconcile can be queued yet), which is recorded in the app's `warnings` while something may
  *   be serving (deploy_status other than `undeployed`).
  * - `force_remove_domains` is accepted and has nothing to do until custom domains exist.
- * - A new `config_path` re-queues the preflight; `base_config` keeps the last read until the
- *   preflight or the next build reads the new file.
+ * - A new `config_path` re-queues the preflight and drops the base layer, read from the old file:
+ *   the preflight fills it from the new file, as for a new app, and the next build refreshes it.
  */
 import { LockMode } from "@mikro-orm/core";
 import { PlatformError } from "@platform/errors";
@@ -35,7 +35,7 @@ import { App } from "../entities/index.ts";
 import { appBranches, appNotFound, findApp, holdProductionLock } from "./apps.ts";
 import { checkBranch, checkBranchHostLabel } from "./naming.ts";
 import { requeuePreflight } from "./preflight.ts";
-import { checkConfigPath } from "./registration.ts";
+import { checkConfigPath, checkConfigPathUnclaimed } from "./registration.ts";
 import {
   effectiveConfig,
   readSaveConfigBody,
@@ -364,7 +364,9 @@ export async function updateApp(
 
   let preflightActionId: string | null = null;
   if (patch.configPath !== undefined && patch.configPath !== app.configPath) {
+    await checkConfigPathUnclaimed(em, app, patch.configPath);
     app.configPath = patch.configPath;
+    app.baseConfig = null;
     preflightActionId = requeuePreflight(em, app, actorOf(caller));
   }
   return { app, preflightActionId };

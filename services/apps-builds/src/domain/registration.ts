@@ -164,6 +164,28 @@ async function checkBranchHostFree(em: EntityManager, appName: string, label: st
   if ((await hostLabelsTaken(em, host, [])).size > 0) throw hostLabelTaken(appName, label);
 }
 
+function repositoryLockKey(group: string, repositoryKey: string, configPath: string): string {
+  return `apps.register.repository.${group}\n${repositoryKey}\n${configPath}`;
+}
+
+function repositoryAlreadyRegistered(group: string, configPath: string, appName: string): PlatformError {
+  return PlatformError.conflict({
+    code: "repository_already_registered",
+    message: `This repository (with config ${configPath}) is already registered in group '${group}' as '${appName}'. Register another branch of that app instead.`,
+    app_name: appName,
+  });
+}
+
+/**
+ * The same-repository rule for an app moved to another config file (PATCH config_path): no other
+ * app of the group may have the repository with that file, as registration has it for a new app.
+ */
+export async function checkConfigPathUnclaimed(em: EntityManager, app: App, configPath: string): Promise<void> {
+  await holdUntilCommit(em, repositoryLockKey(app.groupSlug, app.repositoryKey, configPath));
+  const twin = await em.findOne(App, { groupSlug: app.groupSlug, repositoryKey: app.repositoryKey, configPath, appName: { $ne: app.appName } });
+  if (twin) throw repositoryAlreadyRegistered(app.groupSlug, configPath, twin.appName);
+}
+
 /** The registration's write, in the transaction of `em` (under the group lock: registerUnderGroupLock). */
 export async function registerApp(
   em: EntityManager,
@@ -188,7 +210,7 @@ export async function registerApp(
   // Registrations of one repository in a group are serialised, so the same-repository rule sees
   // a twin registered at the same moment under another name; so are registrations of one name,
   // so two requests cannot take the same name. (In that order, always: see freeName.)
-  await holdUntilCommit(em, `apps.register.repository.${group}\n${repositoryKey}\n${configPath}`);
+  await holdUntilCommit(em, repositoryLockKey(group, repositoryKey, configPath));
   await holdUntilCommit(em, `apps.register.${baseName}`);
 
   const ours = await em.find(App, { groupSlug: group, $or: [{ baseName }, { appName: baseName }] }, { orderBy: { createdAt: "asc" } });
@@ -209,13 +231,7 @@ export async function registerApp(
     }
   } else {
     const twin = await em.findOne(App, { groupSlug: group, repositoryKey, configPath });
-    if (twin) {
-      throw PlatformError.conflict({
-        code: "repository_already_registered",
-        message: `This repository (with config ${configPath}) is already registered in group '${group}' as '${twin.appName}'. Register another branch of that app instead.`,
-        app_name: twin.appName,
-      });
-    }
+    if (twin) throw repositoryAlreadyRegistered(group, configPath, twin.appName);
     appName = await freeName(em, baseName);
   }
 
