@@ -434,6 +434,13 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after).toMatchObject({ deployStatus: "undeployed", runningVersion: null });
   });
 
+  it("a deploy cancelled before any agent claimed it leaves the deploy status as it was", async () => {
+    const app = await registerApp({ deployStatus: "running", runningVersion: "main-1" });
+    await apply(app, { action_type: "DEPLOY", status: "failed", image_tag: "main-2", error_message: "health check failed" });
+    const after = await apply(app, { action_type: "DEPLOY", status: "cancelled", image_tag: "main-3", claimed_at: null });
+    expect(after).toMatchObject({ deployStatus: "failed", runningVersion: "main-1", lastDeployStatus: "cancelled", deployWarning: expect.stringContaining("main-2") });
+  });
+
   it("ignores an update for an app branch it does not know", async () => {
     const missing = await write((em) =>
       applyDeployUpdate(em, { action_id: randomUUID(), action_type: "DEPLOY", status: "completed", app_name: "nope", branch: "main", group_slug: "acme" }),

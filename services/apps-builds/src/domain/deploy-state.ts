@@ -9,7 +9,8 @@
  * - failed: `failed` (`undeploy_failed`), the running_* fields still naming what serves (rule 4),
  *   and `deploy_warning` when an older version still serves. A deploy that failed before any
  *   agent claimed it (its build failed, say) changed nothing that runs: only last_deploy_* say so;
- * - cancelled: back to what it was (`running` when something serves, else `undeployed`).
+ * - cancelled: back to what it was (`running` when something serves, else `undeployed`); one
+ *   cancelled before any agent claimed it leaves the deploy status as it was.
  *
  * last_deploy_status and last_deploy_error describe the latest such action; last_crash_output
  * only a failed deploy whose health-check phase captured output. An UNDEPLOY with `purge` also
@@ -146,7 +147,8 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
     }
     case "cancelled":
       app.lastDeployError = u.error_message ?? null;
-      app.deployStatus = app.runningVersion ? "running" : "undeployed";
+      // Cancelled before any agent claimed it, it changed nothing that runs.
+      if (u.claimed_at) app.deployStatus = app.runningVersion ? "running" : "undeployed";
       return app;
     default:
       return app;
