@@ -25,6 +25,9 @@ describe("app names", () => {
     expect(status(() => appNameFrom("x".repeat(129)))).toBe(422);
     expect(status(() => appNameFrom("!!!"))).toBe(422);
     expect(appNameFrom("x".repeat(128))).toHaveLength(63);
+    // Characters are code points, as the gateway counts them: 64 emoji and "abc" are 67, 128 emoji and "a" 129.
+    expect(appNameFrom(`${"😀".repeat(64)}abc`)).toBe("abc");
+    expect(status(() => appNameFrom(`${"😀".repeat(128)}a`))).toBe(422);
   });
 
   it("adds the first free numeric suffix", () => {

@@ -22,7 +22,9 @@ export function sanitizeName(input: string): string {
 
 export function appNameFrom(input: string): string {
   const raw = input.trim();
-  if (raw.length < 1 || raw.length > APP_NAME_MAX) throw PlatformError.invalid(`app_name must be 1-${APP_NAME_MAX} characters.`);
+  // Characters as the gateway's schema counts them: code points, not UTF-16 units.
+  const length = [...raw].length;
+  if (length < 1 || length > APP_NAME_MAX) throw PlatformError.invalid(`app_name must be 1-${APP_NAME_MAX} characters.`);
   const name = sanitizeName(raw);
   if (!name) throw PlatformError.invalid("app_name must contain letters or digits.");
   return name;
