@@ -71,6 +71,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   // a body still says so, with the 422 of its schema.
   const parseJson = app.getDefaultJsonParser("error", "error");
   app.removeContentTypeParser("application/json");
+  // Every body of this API is JSON: a text body is 415 on every route, not a string some routes take.
+  app.removeContentTypeParser("text/plain");
   app.addContentTypeParser("application/json", { parseAs: "string" }, (request, body, done) => {
     if (body === "") return done(null, undefined);
     parseJson(request, body as string, (err, value) => {

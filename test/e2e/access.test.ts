@@ -263,6 +263,14 @@ describe("bad input", () => {
     expect((await put('{"variables":')).status).toBe(400);
   });
 
+  it("answers a body that is not JSON with 415 on every route", async () => {
+    for (const [method, path] of [["POST", "/apps"], ["PATCH", "/apps/nothing"], ["PUT", "/apps/nothing/config"], ["PUT", "/vars/nothing"]] as const) {
+      const r = await fetch(`${api}${path}`, { method, headers: { authorization: `Bearer ${root}`, "content-type": "text/plain" }, body: "display_name=x" });
+      expect(r.status, `${method} ${path}`).toBe(415);
+      expect(await r.json()).toEqual({ detail: "Unsupported content type; send application/json." });
+    }
+  });
+
   it("answers a URL too large for the HTTP parser with 431 {detail}", async () => {
     const r = await fetch(`${api}/apps/${"x".repeat(20_000)}`, { headers: { authorization: `Bearer ${root}` } });
     expect(r.status).toBe(431);
