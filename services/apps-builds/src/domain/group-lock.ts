@@ -36,10 +36,11 @@ function groupBusy(slug: string, retryAfterS: number): PlatformError {
   });
 }
 
-function renamed(slug: string, current: string, when: string): PlatformError {
+/** `when`: said only when known; a slug named at the start may have been renamed long before. */
+function renamed(slug: string, current: string, when?: string): PlatformError {
   return PlatformError.conflict({
     code: "group_renamed_during_registration",
-    message: `Group '${slug}' was renamed to '${current}' ${when}; nothing was registered. Register again in '${current}'.`,
+    message: `Group '${slug}' was renamed to '${current}'${when ? ` ${when}` : ""}; nothing was registered. Register again in '${current}'.`,
     group_slug: current,
   });
 }
@@ -53,7 +54,7 @@ export function leaseOrRefusal(slug: string, o: GroupLeaseOutcome): GroupLease {
     case "busy":
       throw groupBusy(slug, o.retryAfterS);
     case "renamed":
-      throw renamed(slug, o.groupSlug, "while the registration waited for it");
+      throw renamed(slug, o.groupSlug);
     case "deleted":
       throw PlatformError.notFound(`Group '${slug}' was deleted while the registration waited for it; nothing was registered.`);
     case "not_found":
