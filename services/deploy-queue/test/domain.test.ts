@@ -63,21 +63,28 @@ describe("admission gates", () => {
     expect(checkAdmission(input({ action: { dependsOn: BUILD }, dependency: null }))).toMatchObject({ verdict: "abandon", status: "failed" });
   });
 
-  it("cancels the deploy of a build once the deploy of a build requested after it has started", () => {
+  it("cancels the deploy of a build once the deploy of a build or an undeploy requested after it has started", () => {
     const built = { id: BUILD, actionType: "BUILD", status: "completed" };
-    const newer = { id: "33333333-3333-4333-8333-333333333333", imageTag: "main-0000000b" };
+    const newer = { id: "33333333-3333-4333-8333-333333333333", imageTag: "main-0000000b", actionType: "DEPLOY" };
     const r = checkAdmission(input({ action: { actionType: "DEPLOY", dependsOn: BUILD, admitForceUntil: secondsAgo(-60) }, dependency: built, supersededBy: newer }));
     expect(r).toMatchObject({ verdict: "abandon", status: "cancelled" });
     expect(r.verdict === "abandon" && r.reason).toMatch(/Superseded: the deploy 33333333-.* of a build requested after this one \(main-0000000b\)/);
     // Its build must still have completed first: a failed build fails its deploy, as always.
     const failed = checkAdmission(input({ action: { actionType: "DEPLOY", dependsOn: BUILD }, dependency: { ...built, status: "failed" }, supersededBy: newer }));
     expect(failed).toMatchObject({ verdict: "abandon", status: "failed" });
+    // An undeploy requested after it that has started: the build must not bring the app back.
+    const undeploy = { id: "44444444-4444-4444-8444-444444444444", imageTag: null, actionType: "UNDEPLOY" };
+    const gone = checkAdmission(input({ action: { actionType: "DEPLOY", dependsOn: BUILD }, dependency: built, supersededBy: undeploy }));
+    expect(gone).toMatchObject({ verdict: "abandon", status: "cancelled" });
+    expect(gone.verdict === "abandon" && gone.reason).toBe("Superseded: the undeploy 44444444-4444-4444-8444-444444444444 requested after this one has already started.");
   });
 
   it("keeps one change per app lane at a time, and admit-force does not pass it", () => {
     const busy = { id: BUILD, actionType: "DEPLOY" };
     const r = checkAdmission(input({ action: { actionType: "DEPLOY", admitForceUntil: secondsAgo(-60) }, appLaneBusyWith: busy }));
     expect(r).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
+    // A route reconcile waits for the deploy too: its swap would route what it read at its start.
+    expect(checkAdmission(input({ action: { actionType: "RECONCILE_ROUTING" }, appLaneBusyWith: busy }))).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
     // BUILDs are not in the app lane.
     expect(checkAdmission(input({ appLaneBusyWith: busy }))).toMatchObject({ verdict: "admit" });
   });

@@ -9,11 +9,12 @@
  * 3b. superseded: the deploy of a build is cancelled when the deploy of a build asked for after it
  *    has already started on the same app and branch: builds finish out of order (a quick one
  *    after a slow one, an event redelivered late), and the older release must not replace the
- *    newer one;
- * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at a
- *    time, so two blue/green swaps of one app never race; and in order: a ready one that goes
- *    before it (higher priority, then older) goes first, so a restart then a stop end stopped
- *    however an agent's claims of them interleave;
+ *    newer one. So is it when an undeploy asked for after it has started: the build it waited
+ *    for must not bring back what the undeploy took down;
+ * 4. app lane: one action that changes what runs or how it is routed (DEPLOY, UNDEPLOY,
+ *    RECONCILE_ROUTING, ...) per app and branch at a time, so two blue/green swaps of one app
+ *    never race; and in order: a ready one that goes before it (higher priority, then older) goes
+ *    first, so a restart then a stop end stopped however an agent's claims of them interleave;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
  * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
  *    higher priority (then the older) goes first.
@@ -27,8 +28,12 @@ import { isTerminal } from "./lifecycle.ts";
 /** In-flight actions of one type a single host runs at once. Types not listed are not limited. */
 export const HOST_CONCURRENCY: Readonly<Record<string, number>> = { BUILD: 2, DEPLOY: 2 };
 
-/** Types that change what runs for an app and branch: one at a time per app lane. */
-export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "UNDEPLOY", "PURGE_APP", "RESTORE", "SERVICE_ACTION", "DRIVE_APPLY"]);
+/**
+ * Types that change what runs for an app and branch, or how it is routed: one at a time per app
+ * lane. A route reconcile (a visibility flip) waits for a deploy in flight, which routes the front
+ * doors it read when it started: run beside it, the flip would be undone by the deploy's swap.
+ */
+export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "UNDEPLOY", "PURGE_APP", "RESTORE", "SERVICE_ACTION", "DRIVE_APPLY", "RECONCILE_ROUTING"]);
 
 /** A waiting action counts for the queue order only if its agent tried it this recently. */
 export const QUEUE_ORDER_WINDOW_MS = 30_000;
@@ -55,10 +60,10 @@ export interface AdmissionInput {
   /** The row `dependsOn` names; null when it names nothing or the row is gone. */
   dependency: DependencyState | null;
   /**
-   * For the deploy of a build: the deploy of a build requested later, on the same app and branch,
-   * that has been claimed (in progress or ended other than cancelled).
+   * For the deploy of a build: the deploy of a build or the undeploy requested later, on the same
+   * app and branch, that has been claimed (in progress or ended other than cancelled).
    */
-  supersededBy: { id: string; imageTag: string | null } | null;
+  supersededBy: { id: string; imageTag: string | null; actionType: string } | null;
   /** An in-progress action of the same app lane (APP_LANE_TYPES, same group, app and branch). */
   appLaneBusyWith: { id: string; actionType: string } | null;
   /**
@@ -122,11 +127,11 @@ export function checkAdmission(input: AdmissionInput): Admission {
   // 3b. superseded
   if (action.dependsOn && input.supersededBy) {
     const newer = input.supersededBy;
-    return {
-      verdict: "abandon",
-      status: "cancelled",
-      reason: `Superseded: the deploy ${newer.id} of a build requested after this one${newer.imageTag ? ` (${newer.imageTag})` : ""} has already started.`,
-    };
+    const what =
+      newer.actionType === "UNDEPLOY"
+        ? `the undeploy ${newer.id} requested after this one`
+        : `the deploy ${newer.id} of a build requested after this one${newer.imageTag ? ` (${newer.imageTag})` : ""}`;
+    return { verdict: "abandon", status: "cancelled", reason: `Superseded: ${what} has already started.` };
   }
 
   // 4. app lane

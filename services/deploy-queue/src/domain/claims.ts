@@ -34,8 +34,9 @@ async function lockAction(em: EntityManager, actionId: string): Promise<Action |
  */
 const ADMISSION_READS = `select
   (select json_build_object('id', d.id, 'actionType', d.action_type, 'status', d.status) from actions d where d.id = ?::uuid) as dependency,
-  (select json_build_object('id', s.id, 'imageTag', s.image_tag) from actions s
-    where ?::uuid is not null and s.action_type = 'DEPLOY' and s.depends_on is not null and s.group_slug = ? and s.app_name = ? and s.branch = ?
+  (select json_build_object('id', s.id, 'imageTag', s.image_tag, 'actionType', s.action_type) from actions s
+    where ?::uuid is not null and ((s.action_type = 'DEPLOY' and s.depends_on is not null) or s.action_type = 'UNDEPLOY')
+      and s.group_slug = ? and s.app_name = ? and s.branch = ?
       and s.created_at > ? and s.status in ('in_progress', 'completed', 'failed') and s.id <> ?
     order by s.created_at desc limit 1) as superseded_by,
   (select json_build_object('id', b.id, 'actionType', b.action_type) from actions b
@@ -69,7 +70,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
   const [row] = await em.getConnection().execute<
     {
       dependency: DependencyState | null;
-      superseded_by: { id: string; imageTag: string | null } | null;
+      superseded_by: AdmissionInput["supersededBy"];
       busy: { id: string; actionType: string } | null;
       lane_ahead: string | null;
       in_flight: number;
