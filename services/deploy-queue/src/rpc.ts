@@ -14,7 +14,7 @@ import { cancelAction, cancelBeforeIntake, type UntakenBuild } from "./domain/ca
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
-import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
+import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, lockedRetryTarget, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, lockScaleTarget, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import type { Dispatched } from "./domain/placement.ts";
@@ -317,7 +317,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             // The quarantine and the image are checked as for any deploy.
             await release(failed.imageTag ?? "");
             const action = await ctx.write(async (em) => {
-              await retryTarget(em, target.groupSlug, target.appName, target.branch);
+              await lockedRetryTarget(em, target.groupSlug, target.appName, target.branch);
               return queueAppAction(
                 em,
                 caller,

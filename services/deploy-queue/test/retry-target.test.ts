@@ -11,14 +11,14 @@ import { createTestDatabase, dropDatabase } from "@platform/testing";
 import { Action, entities } from "../src/entities/index.ts";
 import { migrations } from "../src/migrations/0001_queue.ts";
 import { deploymentMigrations } from "../src/migrations/0002_deployments.ts";
-import { retryTarget } from "../src/domain/deployments.ts";
+import { lockedRetryTarget, retryTarget } from "../src/domain/deployments.ts";
 
 let databaseUrl: string;
 let orm: MikroORM;
 
 beforeAll(async () => {
   databaseUrl = await createTestDatabase();
-  orm = await openDatabase({ url: databaseUrl, schema: serviceSchema("deploy-queue"), entities, migrations: [...migrations, ...deploymentMigrations], poolMax: 2 });
+  orm = await openDatabase({ url: databaseUrl, schema: serviceSchema("deploy-queue"), entities, migrations: [...migrations, ...deploymentMigrations], poolMax: 8 });
 });
 
 afterAll(async () => {
@@ -73,6 +73,20 @@ describe("retryTarget", () => {
     const rebuilt = await action("api", "BUILD", "completed", 5);
     const deploy = await action("api", "DEPLOY", "failed", 4, rebuilt.id);
     expect((await target("api")).id).toBe(deploy.id);
+  });
+
+  it("queues one RETRY of concurrent retries under the lock; the others find it latest", async () => {
+    await action("cms", "DEPLOY", "failed", 10);
+    const outcomes = await Promise.allSettled(
+      Array.from({ length: 6 }, () =>
+        write(async (em) => {
+          const failed = await lockedRetryTarget(em, "acme", "cms", "main");
+          em.create(Action, { id: randomUUID(), groupSlug: "acme", appName: "cms", branch: "main", actionType: "RETRY", status: "queued", imageTag: failed.imageTag, deployWarnings: [], payload: {}, createdBy: "api_key:k", dependsOn: null });
+        }),
+      ),
+    );
+    expect(outcomes.filter((o) => o.status === "fulfilled")).toHaveLength(1);
+    for (const o of outcomes) if (o.status === "rejected") expect(o.reason).toMatchObject({ status: 409, detail: { code: "nothing_to_retry" } });
   });
 
   it("refuses nothing_to_retry when the latest deployment did not fail", async () => {

@@ -12,6 +12,7 @@ import type { EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { Action, HistoryRecord } from "../entities/index.ts";
+import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES } from "./history.ts";
 import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
@@ -275,6 +276,15 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
     });
   }
   return latest;
+}
+
+/**
+ * `retryTarget` in the transaction that queues the RETRY, under a lock held until it commits: of
+ * concurrent retries of one failed deploy, one queues and the others find that RETRY latest (409).
+ */
+export async function lockedRetryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
+  await advisoryLocks(em, [`deploy_queue.retry.${groupSlug}/${appName}/${branch}`]);
+  return retryTarget(em, groupSlug, appName, branch);
 }
 
 export async function queueAppAction(em: EntityManager, caller: Caller, input: AppActionInput, now: Date, dispatched?: Dispatched[]): Promise<Action> {
