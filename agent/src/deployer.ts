@@ -35,6 +35,8 @@ const HEALTH_POLL_MS = 100;
 /** How long after a replica's start it is asked more often: most answer within a few tenths of a second. */
 const HEALTH_FAST_POLL_MS = 10;
 const HEALTH_FAST_WINDOW_MS = 2000;
+/** How often a health check that goes on looks for a cancel. */
+const CANCEL_LOOK_MS = 1000;
 /**
  * How long the route flip is tried once the swap is committed, COMMIT_RETRY_MS apart: past the
  * point of no return a deploy rolls forward, and a router restarting takes seconds to answer.
@@ -321,7 +323,7 @@ export class Deployer {
       }
 
       await enter("health_check");
-      await this.#healthCheck(next, inflight.replicas, emit);
+      await this.#healthCheck(next, inflight.replicas, emit, () => d.phase("health_check"));
 
       await enter("ready");
       emit("info", "Every service passed its checks");
@@ -394,11 +396,21 @@ export class Deployer {
     };
   }
 
-  async #healthCheck(app: DeployedApp, replicas: ReplicaSpec[], emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+  /**
+   * Waits until every replica passes its check. The health check can take its whole timeout, so a
+   * cancel asked for meanwhile is looked for every CANCEL_LOOK_MS (the phase reported again: the
+   * queue's answer says whether a cancel is pending), not only when the next phase begins.
+   */
+  async #healthCheck(app: DeployedApp, replicas: ReplicaSpec[], emit: (l: LogLevel, m: string, s?: string) => void, cancelRequested: () => Promise<boolean>): Promise<void> {
     const started = Date.now();
     const deadline = started + this.#d.healthTimeoutMs;
     const waiting = new Set(replicas.map((r) => r.id));
+    let lookedAt = started;
     for (;;) {
+      if (Date.now() - lookedAt >= CANCEL_LOOK_MS) {
+        lookedAt = Date.now();
+        if (await cancelRequested()) throw new DeployCancelled("Cancelled during health_check.");
+      }
       const dead = replicas.filter((r) => !this.#running(r.id));
       if (dead.length > 0) {
         const crash = await this.#crashOutput(dead);

@@ -260,11 +260,12 @@ describe("cancel", () => {
     await web.commit("fast build again", { "platform.yaml": platformYaml });
   });
 
-  it("stops an in-flight deploy between phases before the swap; the running version keeps serving", async () => {
+  it("stops an in-flight deploy before the swap, during its health check; the running version keeps serving", async () => {
     const serving = (await getApp()).running_version;
     const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
     expect(serverJs).toContain(listen);
-    await web.commit("slow", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 8000);`) });
+    // It would answer only long after the health check's timeout: the deploy ends cancelled, not failed.
+    await web.commit("slow", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 600000);`) });
     const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
     const deployId = await waitFor(
       async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.status === "setup_in_progress" && d.phase === "health_check")?.id,
