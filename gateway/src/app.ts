@@ -118,7 +118,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL);
   buildRoutes(app, apps, queue, health);
   queueRoutes(app, queue);
-  deploymentRoutes(app, queue);
+  deploymentRoutes(app, queue, health);
   appLifecycleRoutes(app, apps, queue);
   logRoutes(app, health, apps);
   varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });

@@ -272,6 +272,10 @@ describe("cancel", () => {
       (id) => !!id,
       120_000,
     );
+    // In flight, its phases so far are those its agent has shipped.
+    const live = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body, (l) => l.phases.length >= 2, 15_000);
+    expect(live.phases.map((p: { name: string }) => p.name).slice(0, 2)).toEqual(["setup", "start"]);
+    expect(live.phases[1].output).toMatch(/Started replica 1/);
     const r = await call(api, "POST", `/deployments/${deployId}/cancel`, { credential: acme });
     expect(r.body).toMatchObject({ status: "cancel_requested", cancel_requested: true });
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);

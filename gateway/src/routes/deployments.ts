@@ -5,8 +5,9 @@
  */
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
-import type { Deployment, DeployQueueService } from "@platform/proto";
+import type { Deployment, DeployQueueService, HealthAggregatorService } from "@platform/proto";
 import { callerOf } from "../access.ts";
+import { ENDED_DEPLOYMENT_STATUSES, phasesOfShippedLines } from "../domain/deploy-log.ts";
 import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
 /** The settings POST /api/deployments takes for `type: static` apps only. */
@@ -101,7 +102,10 @@ const idParams = {
   required: ["deployment_id"],
 } as const;
 
-export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof DeployQueueService>): void {
+/** How many shipped lines the phases of a deployment in flight are read from. */
+const LIVE_LINES = 1000;
+
+export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof DeployQueueService>, health: Client<typeof HealthAggregatorService>): void {
   app.post(
     "/api/deployments",
     {
@@ -263,7 +267,9 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       schema: {
         tags: ["deployments"],
         summary: "Per-phase output of a deployment plus its error message.",
-        description: "`phases` in order (setup, start, health_check, ready, swap_committed, drain); `crash_output` maps a service to the last lines it wrote when it died during the health checks. 404 unknown; 422 malformed id.",
+        description:
+          "`phases` in order (setup, start, health_check, ready, swap_committed, drain); `crash_output` maps a service to the last lines it wrote when it died during the health checks. " +
+          "While the deployment is in flight, the phases so far are read from the lines its agent has shipped (the last 1000). 404 unknown; 422 malformed id.",
         params: idParams,
         querystring: { type: "object", properties: commonQuery },
         response: {
@@ -285,12 +291,18 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
     },
     async (request) => {
       const { deployment_id } = request.params as { deployment_id: string };
-      const r = await queue.getDeploymentLogs({ caller: callerOf(request), deploymentId: deployment_id });
+      const caller = callerOf(request);
+      const r = await queue.getDeploymentLogs({ caller, deploymentId: deployment_id });
+      let phases = r.phases.map((p) => ({ name: p.name, output: p.output }));
+      if (phases.length === 0 && !ENDED_DEPLOYMENT_STATUSES.has(r.status)) {
+        const shipped = await health.queryLogs({ caller, deploymentId: r.deploymentId, source: "deploy", since: "7d", limit: LIVE_LINES }).catch(() => null);
+        if (shipped && !shipped.error) phases = phasesOfShippedLines(shipped.logs);
+      }
       return {
         deployment_id: r.deploymentId,
         app_name: r.appName,
         status: r.status,
-        phases: r.phases.map((p) => ({ name: p.name, output: p.output })),
+        phases,
         error_message: orNull(r.errorMessage),
         crash_output: jsonOrNull(r.crashOutputJson),
       };
