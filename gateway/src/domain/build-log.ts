@@ -17,15 +17,18 @@ export interface BuildLogResponse {
   source?: "queue";
 }
 
+/** How many shipped lines a live tail (a build's, a deployment's phases) is read from. */
 export const LIVE_TAIL_LIMIT = 1000;
-const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+/** The statuses an action (a build, a deployment) ends in. */
+export const TERMINAL: ReadonlySet<string> = new Set(["completed", "failed", "cancelled"]);
 
 function countLines(log: string): number {
   if (!log) return 0;
   return log.endsWith("\n") ? log.split("\n").length - 1 : log.split("\n").length;
 }
 
-function lineText(row: LogRow): string {
+/** A shipped line as the agent words it in a stored log: `[service] message`. */
+export function lineText(row: LogRow): string {
   return row.serviceName ? `[${row.serviceName}] ${row.message}` : row.message;
 }
 

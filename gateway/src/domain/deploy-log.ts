@@ -4,9 +4,7 @@
  * are read from the lines the agent shipped to the log store, each tagged with its phase.
  */
 import type { LogRow } from "@platform/proto";
-
-/** A deployment status after which the queue holds the phases itself. */
-export const ENDED_DEPLOYMENT_STATUSES: ReadonlySet<string> = new Set(["completed", "failed", "cancelled"]);
+import { lineText } from "./build-log.ts";
 
 function phaseOf(row: LogRow): string | null {
   try {
@@ -24,7 +22,7 @@ export function phasesOfShippedLines(rows: LogRow[]): Array<{ name: string; outp
     const phase = phaseOf(row);
     if (!phase) continue;
     const lines = phases.get(phase) ?? [];
-    lines.push(row.serviceName ? `[${row.serviceName}] ${row.message}` : row.message);
+    lines.push(lineText(row));
     phases.set(phase, lines);
   }
   return [...phases].map(([name, lines]) => ({ name, output: lines.join("\n") }));

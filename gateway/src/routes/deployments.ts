@@ -7,7 +7,8 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { Deployment, DeployQueueService, HealthAggregatorService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { ENDED_DEPLOYMENT_STATUSES, phasesOfShippedLines } from "../domain/deploy-log.ts";
+import { LIVE_TAIL_LIMIT, TERMINAL } from "../domain/build-log.ts";
+import { phasesOfShippedLines } from "../domain/deploy-log.ts";
 import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
 /** The settings POST /api/deployments takes for `type: static` apps only. */
@@ -101,9 +102,6 @@ const idParams = {
   properties: { deployment_id: { type: "string", description: "The id or a prefix of at least 8 hex-or-hyphen characters." } },
   required: ["deployment_id"],
 } as const;
-
-/** How many shipped lines the phases of a deployment in flight are read from. */
-const LIVE_LINES = 1000;
 
 export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof DeployQueueService>, health: Client<typeof HealthAggregatorService>): void {
   app.post(
@@ -269,7 +267,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
         summary: "Per-phase output of a deployment plus its error message.",
         description:
           "`phases` in order (setup, start, health_check, ready, swap_committed, drain); `crash_output` maps a service to the last lines it wrote when it died during the health checks. " +
-          "While the deployment is in flight, the phases so far are read from the lines its agent has shipped (the last 1000). 404 unknown; 422 malformed id.",
+          `While the deployment is in flight, the phases so far are read from the lines its agent has shipped (the last ${LIVE_TAIL_LIMIT}). 404 unknown; 422 malformed id.`,
         params: idParams,
         querystring: { type: "object", properties: commonQuery },
         response: {
@@ -294,8 +292,9 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       const caller = callerOf(request);
       const r = await queue.getDeploymentLogs({ caller, deploymentId: deployment_id });
       let phases = r.phases.map((p) => ({ name: p.name, output: p.output }));
-      if (phases.length === 0 && !ENDED_DEPLOYMENT_STATUSES.has(r.status)) {
-        const shipped = await health.queryLogs({ caller, deploymentId: r.deploymentId, source: "deploy", since: "7d", limit: LIVE_LINES }).catch(() => null);
+      // The queue holds the phases once the deployment has ended; until then the agent's shipped lines have them.
+      if (phases.length === 0 && !TERMINAL.has(r.status)) {
+        const shipped = await health.queryLogs({ caller, deploymentId: r.deploymentId, source: "deploy", since: "7d", limit: LIVE_TAIL_LIMIT }).catch(() => null);
         if (shipped && !shipped.error) phases = phasesOfShippedLines(shipped.logs);
       }
       return {

@@ -11,7 +11,8 @@ import { MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_NODES, type ConfigProble
  * Depth counts collections: the root mapping is depth 1, `storage.drives[0]` is depth 4. Nodes
  * count every value (the root, every mapping value, every list item), keys excluded. Returns at
  * most one problem (`too_deep` with the path of the first collection past the bound,
- * `too_many_nodes`, or `invalid_value` for a key or string holding U+0000); the walk stops there, so a cyclic or alias-bombed value is cheap to refuse.
+ * `too_many_nodes`, or `invalid_value` for a key or string holding U+0000); the walk stops there,
+ * so a cyclic or alias-bombed value is cheap to refuse.
  */
 export function checkConfigBounds(
   value: unknown,
