@@ -178,8 +178,12 @@ export function releaseDir(runDir: string, group: string, app: string, branch: s
   return path.join(runDir, "releases", safe(group), safe(app), safe(branch), safe(tag));
 }
 
-export function replicaId(key: string, service: string, colour: Colour, index: number, tag: string): string {
-  return safe(`${key}.${service}.${colour}.${index}.${tag}`).slice(0, 200);
+/**
+ * The deployment is part of the id: a service carried over by a deploy that named others keeps its
+ * colour and tag, which a later deploy of that tag in the same colour would otherwise reuse.
+ */
+export function replicaId(key: string, service: string, colour: Colour, index: number, tag: string, deploymentId: string): string {
+  return safe(`${key}.${service}.${colour}.${index}.${tag}.${deploymentId.slice(0, 8)}`).slice(0, 200);
 }
 
 export class Deployer {
@@ -287,7 +291,14 @@ export class Deployer {
       const wanted = Array.isArray(job.services) && job.services.length > 0 ? new Set(job.services.map(String)) : null;
       const services = Object.entries(config.services).filter(([name]) => !wanted || wanted.has(name));
       if (services.length === 0) throw new DeployFailure("The config declares no service to run.");
-      emit("info", `Deploying ${job.app_name}:${tag} (${services.length} service(s)) on ${d.hostId}`);
+      // A deploy that names some services leaves the others the release still declares running as
+      // they are (their replicas, their release): only the named ones change colour.
+      const carried = wanted && previous ? Object.entries(previous.services).filter(([name]) => !wanted.has(name) && name in config.services) : [];
+      emit(
+        "info",
+        `Deploying ${job.app_name}:${tag} (${services.length} service(s)) on ${d.hostId}` +
+          (carried.length > 0 ? `; ${carried.map(([n]) => n).join(", ")} keep${carried.length === 1 ? "s" : ""} running ${previous!.tag}` : ""),
+      );
       const releaseDir = early && tag === job.image_tag ? unwrap(await early) : await this.#release(job, tag, emit);
 
       await enter("start");
@@ -315,6 +326,7 @@ export class Deployer {
         next.services[name] = { mount: service.background ? null : (service.mount ?? null), health: service.health ?? null, background: service.background, stopped: false, replicas };
         inflight.replicas.push(...replicas);
       }
+      for (const [name, service] of carried) next.services[name] = service;
       // Recorded before anything starts, so a restarted agent knows what to clean up.
       await d.state.setInflight(inflight);
       for (const r of inflight.replicas) {
@@ -345,7 +357,7 @@ export class Deployer {
       await this.#commit(inflight, previous, emit);
       current = "drain";
       await d.phase("drain");
-      await this.#drain(previous, emit);
+      await this.#drain(previous, next, emit);
       await d.state.clearInflight(job.action_id);
       result.services = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, { replicas: s.replicas.length, ports: s.replicas.map((r) => r.port) }]));
       // The routing shape now live: the app's URLs are rebuilt from it, not from a config not yet deployed.
@@ -372,7 +384,7 @@ export class Deployer {
 
   #spec(job: DeployJob, app: DeployedApp, service: string, config: NormalizedServiceConfig, index: number, port: number | null, env: Record<string, string>): ReplicaSpec {
     return {
-      id: replicaId(app.key, service, app.colour, index, app.tag),
+      id: replicaId(app.key, service, app.colour, index, app.tag, app.deploymentId),
       group: job.group_slug,
       app: job.app_name,
       branch: job.branch,
@@ -477,9 +489,12 @@ export class Deployer {
     if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);
   }
 
-  async #drain(previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+  /** The replicas of the colour that served before are let go, save those the new release carried over. */
+  async #drain(previous: DeployedApp | undefined, next: DeployedApp, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
     if (!previous) return;
-    const old = Object.values(previous.services).flatMap((s) => s.replicas);
+    const kept = new Set(Object.values(next.services).flatMap((s) => s.replicas.map((r) => r.id)));
+    const old = Object.values(previous.services).flatMap((s) => s.replicas).filter((r) => !kept.has(r.id));
+    if (old.length === 0) return;
     for (const r of old) this.#d.supervisor.release(r.id);
     await sleep(this.#d.drainMs);
     await this.#stopReplicas(old);
@@ -526,7 +541,7 @@ export class Deployer {
       const previous = pending.previous ?? d.state.app(pending.key);
       const prior = previous && previous.colour !== pending.next.colour ? previous : undefined;
       await this.#commit(pending, prior, emit);
-      await this.#drain(prior, emit);
+      await this.#drain(prior, pending.next, emit);
       await d.state.clearInflight(pending.actionId);
       emit("info", `${what}, after the swap commit: the deploy was finished`);
       return finish("completed", "");

@@ -294,3 +294,41 @@ it("a drift check running through deploys' route flips and an undeploy finds no 
   expect(found.length).toBeGreaterThan(20);
   expect(found.filter((drift) => drift !== null)).toEqual([]);
 });
+
+it("a deploy naming some services swaps only those: the others keep running their release, and a later full deploy replaces them all", async () => {
+  const parsed = parseAppConfigYaml(
+    "type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n  worker:\n    run: node -e \"setInterval(() => {}, 1000)\"\n    background: true\n",
+  );
+  if (!parsed.ok) throw new Error("the two-service config is invalid");
+  const twoServices = new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
+  const running = () => driver.list().filter((r) => r.running).map((r) => r.spec);
+  const ids = (service: string) => running().filter((r) => r.service === service).map((r) => r.id);
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-2222aaaa"), { recursive: true });
+
+  expect((await twoServices.deploy({ ...job, action_id: "4d5e6f7a-8b9c-4d0e-9f1a-2b3c4d5e6f7a", image_tag: "main-4567cdef" })).status).toBe("completed");
+  const [web1, worker1] = [ids("web"), ids("worker")];
+  expect([web1.length, worker1.length]).toEqual([1, 1]);
+
+  lines.length = 0;
+  const subset = await twoServices.deploy({ ...job, action_id: "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b", image_tag: "main-2222aaaa", services: ["web"] });
+  expect(subset).toMatchObject({ status: "completed", result: { services: { web: { replicas: 1 }, worker: { replicas: 1 } } } });
+  expect(lines).toContain("Deploying node-web:main-2222aaaa (1 service(s)) on host-2; worker keeps running main-4567cdef");
+  expect(ids("worker")).toEqual(worker1);
+  expect(ids("web")).toHaveLength(1);
+  expect(ids("web")).not.toEqual(web1);
+  expect(running().find((r) => r.service === "worker")).toMatchObject({ tag: "main-4567cdef" });
+  expect(Object.keys(state.appOf("node-web", "main")!.services).sort()).toEqual(["web", "worker"]);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+
+  // Every service again, with the tag the worker still runs, in the colour it still has.
+  const full = await twoServices.deploy({ ...job, action_id: "6f7a8b9c-0d1e-4f2a-9b3c-4d5e6f7a8b9c", image_tag: "main-4567cdef" });
+  expect(full.status).toBe("completed");
+  expect(ids("web")).toHaveLength(1);
+  expect(ids("worker")).toHaveLength(1);
+  expect(ids("worker")).not.toEqual(worker1);
+  expect(running().every((r) => r.tag === "main-4567cdef")).toBe(true);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+
+  expect((await twoServices.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+  expect(running()).toEqual([]);
+});

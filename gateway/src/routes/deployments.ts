@@ -124,7 +124,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
             services: {
               type: "array",
               items: { type: "string" },
-              description: "Names of services the release's config declares, to deploy only those; every service when omitted or empty. A name it does not declare is 400 `service_not_declared`.",
+              description: "Names of services the release's config declares, to deploy only those; every service when omitted or empty. The other services the config declares keep running the release they run (their replicas are not restarted). A name it does not declare is 400 `service_not_declared`.",
             },
             placement_plan: { type: "object", additionalProperties: true, description: "Operator placement hints." },
             aliases: {
