@@ -570,10 +570,14 @@ export class Deployer {
       lines.push(message);
     };
     // The record keeps the app, unrouted, until its replicas are stopped: an agent that stops
-    // meanwhile still knows them, and a drift check does not route to them again.
+    // meanwhile still knows them, and a drift check does not route to them again. A router that
+    // does not answer does not hold the undeploy back: the record no longer routes the branch, so
+    // the routing check removes its front door once the router answers again.
     await d.routingTableLock.run(async () => {
       if (app) await d.state.setApp({ ...app, hosts: [] });
-      await d.router.remove(key);
+      await d.router.remove(key).catch((err: unknown) => {
+        emit("warning", `The router did not remove the front door (${err instanceof Error ? err.message : String(err)}); it is removed when the router answers again`);
+      });
     });
     if (app) {
       const replicas = Object.values(app.services).flatMap((s) => s.replicas);

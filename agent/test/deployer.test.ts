@@ -332,3 +332,18 @@ it("a deploy naming some services swaps only those: the others keep running thei
   expect((await twoServices.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
   expect(running()).toEqual([]);
 });
+
+it("undeploys while the router does not answer: the replicas stop, and the routing check removes the front door once it answers", async () => {
+  expect((await deployer.deploy({ ...job, action_id: "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d", image_tag: "main-4567cdef" })).status).toBe("completed");
+  const router = baseDeps.router;
+  const stalled = new Deployer({ ...baseDeps, router: Object.assign(Object.create(router) as typeof router, { remove: async () => Promise.reject(new Error("Caddy admin API timed out")) }) });
+  lines.length = 0;
+  expect((await stalled.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+  expect(lines[0]).toMatch(/^The router did not remove the front door \(Caddy admin API timed out\); it is removed when the router answers again$/);
+  expect(state.apps()).toEqual([]);
+  expect(driver.list().filter((r) => r.running)).toEqual([]);
+  expect((await get(caddy.httpPort)).status).toBe(502);
+
+  expect(await deployer.restoreDriftedRoutes()).toMatchObject({ extra: ["acme/node-web/main"] });
+  expect((await get(caddy.httpPort)).status).toBe(404);
+});
