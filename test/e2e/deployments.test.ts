@@ -340,6 +340,21 @@ describe("services", () => {
     expect((await call(api, "POST", `/services/${APP}/nope/restart`, { credential: acme })).status).toBe(404);
   });
 
+  it("reports a static app's services as served from the edge and refuses to act on them, built or not", async () => {
+    const site = await makeFixtureRepo("node-web", { files: { "platform.yaml": "type: static\nservices:\n  site:\n    build: node build.js\nstatic:\n  dir: .\n" } });
+    try {
+      expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "site", repository: site.url } })).status).toBe(201);
+      await waitFor(async () => (await call(api, "GET", "/apps/site", { credential: acme })).body.preflight_status, (s) => s === "ready");
+      const status = await call(api, "GET", "/services/site", { credential: acme });
+      expect(status.body.services).toMatchObject([{ name: "site", status: "edge", runtime: { replicas_running: null, hosts_unverified: null, reason: null } }]);
+      expect(await call(api, "POST", "/services/site/site/restart", { credential: acme })).toMatchObject({ status: 422, body: { detail: { code: "static_service" } } });
+      expect(await call(api, "POST", "/services/site/stop", { credential: acme })).toMatchObject({ status: 422, body: { detail: { code: "all_static" } } });
+    } finally {
+      await call(api, "DELETE", "/apps/site", { credential: acme });
+      await site.cleanup();
+    }
+  });
+
   it("restarts an app process that dies and logs the event", async () => {
     const url = (await getApp()).urls[0] as string;
     expect((await viaRouter(`${url}/crash`)).body).toBe("exiting\n");

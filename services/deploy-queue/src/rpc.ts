@@ -2,7 +2,7 @@
 import { UniqueConstraintViolationException } from "@mikro-orm/core";
 import { ConnectError, type Client, type ConnectRouter } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
-import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type AppsBuildsService } from "@platform/proto";
+import { ActionSchema, DeploymentSchema, DeployQueueService, type Action as ActionMsg, type App as AppMsg, type AppsBuildsService } from "@platform/proto";
 import { inGroup, requireCaller, spansEveryGroup, type Caller } from "@platform/caller";
 import { fromConnectError, PlatformError } from "@platform/errors";
 import { isUuid } from "@platform/bus";
@@ -122,6 +122,25 @@ async function untakenBuild(apps: Client<typeof AppsBuildsService>, caller: Call
     createdBy: build.createdBy,
     createdAt: new Date(build.createdAt),
   };
+}
+
+type DeclaredConfig = { type?: string; services?: Record<string, unknown> };
+
+/**
+ * The config an app branch declares: the release serving; else the latest build's; else (never
+ * built) the config its preflight read, with the dashboard's overlay. Null when there is none.
+ * What serves is authoritative, so failing to read it is an error; the fallbacks are best effort.
+ */
+async function declaredConfig(apps: Client<typeof AppsBuildsService>, caller: Caller, app: AppMsg): Promise<DeclaredConfig | null> {
+  const running = app.deployStatus !== "undeployed" && Boolean(app.runningVersion);
+  const tag = running ? app.runningVersion! : (app.latestBuild ?? "");
+  if (tag) {
+    const resolving = apps.resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: tag, skipPreflight: true });
+    const release = running ? await resolving : await resolving.catch(() => null);
+    if (release) return JSON.parse(release.configJson) as DeclaredConfig;
+  }
+  const layers = await apps.getAppConfig({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch }).catch(() => null);
+  return (layers?.effective as DeclaredConfig | undefined) ?? null;
 }
 
 export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>, opts: { fleetFloor: number }) {
@@ -333,12 +352,8 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             if (!["restart", "stop", "start"].includes(req.action)) throw PlatformError.invalid("action must be restart, stop or start.");
             const running = app.deployStatus !== "undeployed" && Boolean(app.runningVersion);
             // What the app declares is said before whether anything runs (spec doc 2 section 4.10:
-            // a static service is refused 422, an undeclared one 404): from the release serving,
-            // else from the latest build's, when there is one.
-            const tag = running ? app.runningVersion! : (app.latestBuild ?? "");
-            const resolving = tag ? apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag: tag, skipPreflight: true }) : null;
-            const release = running ? await resolving : await resolving?.catch(() => null);
-            const config = release ? (JSON.parse(release.configJson) as { type?: string; services?: Record<string, unknown> }) : null;
+            // a static service is refused 422, an undeclared one 404).
+            const config = await declaredConfig(apps, caller, app);
             const shapes = Object.keys(config?.services ?? {}).map((name) => ({ name, isStatic: config?.type === "static" }));
             const targets = config ? serviceTargets(app.appName, shapes, req.services[0] ?? null) : null;
             if (!running || !targets) {
@@ -374,13 +389,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
       async getServicesStatus(req) {
         const caller = requireCaller(req.caller);
         const app = await apps.getApp({ caller, appName: req.appName, branch: req.branch });
-        let isStatic = false;
-        if (app.latestBuild || app.runningVersion) {
-          const release = await apps
-            .resolveRelease({ caller: inGroup(caller, app.groupSlug), appName: app.appName, branch: app.branch, imageTag: app.runningVersion ?? "", skipPreflight: true })
-            .catch(() => null);
-          isStatic = release ? (JSON.parse(release.configJson) as { type?: string }).type === "static" : false;
-        }
+        const isStatic = (await declaredConfig(apps, caller, app).catch(() => null))?.type === "static";
         // An operator who named no group may mean another group's app of that name and branch.
         const ambiguous =
           spansEveryGroup(caller) &&
