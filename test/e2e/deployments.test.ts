@@ -11,7 +11,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestFleet, type TestFleet } from "@platform/testing";
-import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../fixtures/git.ts";
 import { call, viaRouter, waitFor } from "./support.ts";
 
 let fleet: TestFleet;
@@ -465,6 +465,19 @@ describe("scale, primary services and visibility", () => {
     const reconcile = await call(api, "POST", `/apps/${APP}/reconcile`, { credential: acme });
     expect(reconcile).toMatchObject({ status: 202, body: { action_id: expect.any(String), deployment_id: null } });
   });
+
+  it("keeps a flip to private asked for while a deploy is on its way: the route follows it after the deploy's swap", async () => {
+    const url = (await getApp()).urls[0] as string;
+    const redeploy = await call(api, "POST", `/apps/${APP}/redeploy`, { credential: acme });
+    expect(redeploy.status).toBe(202);
+    expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } })).status).toBe(200);
+    await waitFor(async () => (await call(api, "GET", `/deployments/${redeploy.body.deployment_id}`, { credential: acme })).body.status, (s) => s === "completed", 60_000);
+    const settled = async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.length;
+    await expect.poll(settled, { timeout: 30_000 }).toBe(0);
+    expect((await viaRouter(`${url}/`)).status).toBe(404);
+    expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "public" } })).status).toBe(200);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+  });
 });
 
 describe("a renamed group", () => {
@@ -497,6 +510,26 @@ describe("undeploy", () => {
     // What the app declares is said before that nothing runs: an undeclared service is 404.
     expect((await call(api, "POST", `/services/${APP}/nope/stop`, { credential: acme })).status).toBe(404);
     expect(await call(api, "POST", `/services/${APP}/web/stop`, { credential: acme })).toMatchObject({ status: 409, body: { detail: { code: "nothing_running" } } });
+  });
+
+  it("cancels a deploy waiting for its build once an undeploy asked for after it has started: the build does not bring the app back", async () => {
+    const config = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
+    await web.commit("a slow build", { "platform.yaml": webConfigBuiltBy("sleep 3 && node build.js") });
+    try {
+      const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+      expect(b.status).toBe(202);
+      expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })).status).toBe(202);
+      const deploy = await waitFor(
+        async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag),
+        (d) => ["completed", "failed", "cancelled"].includes(d?.status),
+        60_000,
+      );
+      expect(deploy).toMatchObject({ status: "cancelled", error_message: expect.stringMatching(/^Superseded: the undeploy .* requested after this one has already started\.$/) });
+      expect((await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status).toBe("completed");
+      expect(await getApp()).toMatchObject({ deploy_status: "undeployed", running_version: null, urls: [] });
+    } finally {
+      await web.commit("the fixture's config again", { "platform.yaml": config });
+    }
   });
 
   it("with purge also deletes the branch's images and builds", async () => {
