@@ -274,6 +274,24 @@ describe("claims", () => {
     expect(await claim(buildId, "h-done")).toMatchObject({ claimed: false, drop: true, refusalReason: "action is completed" });
   });
 
+  it("names no other group's action to a tenant waiting behind it for a host's slot, in the refusal or the diagnosis", async () => {
+    const host = "h-tenants";
+    const running = [await queueBuild({ auto_deploy: false, deploy_action_id: null }), await queueBuild({ auto_deploy: false, deploy_action_id: null })];
+    for (const r of running) expect((await claim(r.buildId, host)).claimed).toBe(true);
+    const theirs = await queueBuild({ group_slug: "globex", auto_deploy: false, deploy_action_id: null });
+    const mine = await queueBuild({ auto_deploy: false, deploy_action_id: null });
+    await sql("update actions set dispatched_to = ? where id in (?, ?)", [host, theirs.buildId, mine.buildId]);
+    await claim(theirs.buildId, host);
+    await client.completeAction({ actionId: running[0]!.buildId, hostId: host, status: "completed" });
+    const refused = await claim(mine.buildId, host);
+    expect(refused.refusalReason).toBe(`waiting behind 1 ready action(s) (higher priority or older) for a BUILD slot on host ${host}`);
+    const diagnosis = await client.diagnoseAction({ caller: acme, actionId: mine.buildId });
+    expect(diagnosis.blockingActionId ?? null).toBeNull();
+    expect(`${diagnosis.narrative} ${diagnosis.hint}`).not.toContain(theirs.buildId.slice(0, 8));
+    // An operator sees every group: the action ahead is named.
+    expect((await client.diagnoseAction({ caller: operator(), actionId: mine.buildId })).blockingActionId).toBe(theirs.buildId);
+  });
+
   it("drops a work message for an unknown action", async () => {
     expect(await claim(randomUUID(), "h1")).toMatchObject({ claimed: false, drop: true });
     expect(await claim("not-a-uuid", "h1")).toMatchObject({ claimed: false, drop: true });
@@ -297,7 +315,7 @@ describe("claims", () => {
     const bumped = await client.prioritize({ caller: acme, target: newer.buildId.slice(0, 8) });
     expect(bumped.actionIds).toEqual([newer.buildId]);
     const behind = await claim(older.buildId, host);
-    expect(behind.refusalReason).toContain(`waiting behind ${newer.buildId.slice(0, 8)}`);
+    expect(behind.refusalReason).toBe(`waiting behind 1 ready action(s) (higher priority or older) for a BUILD slot on host ${host}`);
     expect((await claim(newer.buildId, host)).claimed).toBe(true);
     await client.completeAction({ actionId: running[1]!.buildId, hostId: host, status: "completed" });
     expect((await claim(older.buildId, host)).claimed).toBe(true);

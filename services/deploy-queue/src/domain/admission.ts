@@ -37,6 +37,8 @@ export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "
 
 /** A waiting action counts for the queue order only if its agent tried it this recently. */
 export const QUEUE_ORDER_WINDOW_MS = 30_000;
+/** How many of the ready actions ahead in a host's queue the gates read (gate 6 needs only as many as the host has slots). */
+export const WAITING_AHEAD_READ = 10;
 
 export interface AdmissionAction {
   id: string;
@@ -76,7 +78,8 @@ export interface AdmissionInput {
   inFlightOnHost: number;
   /**
    * Ready actions of the same type dispatched to this host that go before this one (higher
-   * priority, or equal priority and older) and whose agent tried them within QUEUE_ORDER_WINDOW_MS.
+   * priority, or equal priority and older) and whose agent tried them within QUEUE_ORDER_WINDOW_MS;
+   * at most WAITING_AHEAD_READ.
    */
   waitingAhead: string[];
   now: Date;
@@ -159,11 +162,12 @@ export function checkAdmission(input: AdmissionInput): Admission {
     }
     if (input.waitingAhead.length >= free) {
       if (forced) return { verdict: "admit", forced: true };
-      const first = input.waitingAhead[0]!;
+      // The actions ahead may be other groups': the reason, which the tenant reads, names none of them.
+      const ahead = input.waitingAhead.length >= WAITING_AHEAD_READ ? `${WAITING_AHEAD_READ} or more` : String(input.waitingAhead.length);
       return {
         verdict: "refuse",
-        reason: `waiting behind ${short(first)} (higher priority or older) for a ${action.actionType} slot on host ${hostId}`,
-        blockingActionId: first,
+        reason: `waiting behind ${ahead} ready action(s) (higher priority or older) for a ${action.actionType} slot on host ${hostId}`,
+        blockingActionId: input.waitingAhead[0]!,
       };
     }
   }

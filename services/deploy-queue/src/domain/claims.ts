@@ -10,7 +10,7 @@ import { isUuid } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
-import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, checkAdmission, type Admission, type AdmissionInput, type DependencyState } from "./admission.ts";
+import { APP_LANE_TYPES, HOST_CONCURRENCY, QUEUE_ORDER_WINDOW_MS, WAITING_AHEAD_READ, checkAdmission, type Admission, type AdmissionInput, type DependencyState } from "./admission.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { validHostId } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
@@ -60,7 +60,7 @@ const ADMISSION_READS = `select
         select 1 from actions y where y.status = 'in_progress' and y.group_slug = x.group_slug
           and y.app_name = x.app_name and y.branch = x.branch and y.action_type in (?)))
     order by x.priority desc, x.created_at, x.id
-    limit 10) w) as ahead`;
+    limit ${WAITING_AHEAD_READ}) w) as ahead`;
 
 /** Everything the admission gates look at for `action` on `hostId`, read from the database. */
 export async function admissionInput(em: EntityManager, action: Action, hostId: string, now: Date): Promise<AdmissionInput> {

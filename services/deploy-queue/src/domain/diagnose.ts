@@ -4,7 +4,7 @@
  * as a dry run for the host it waits on), its dependency, an older action blocking it, and one
  * hint. Nothing is written.
  */
-import type { Caller } from "@platform/caller";
+import { canSeeGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action, Agent } from "../entities/index.ts";
 import { admitForceAvailable, checkAdmission } from "./admission.ts";
@@ -106,7 +106,11 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
         lines.push("Its admission override was used.");
       }
       const dryRun = checkAdmission(await admissionInput(em, action, action.dispatchedTo ?? "any", now));
-      if (dryRun.verdict === "refuse" && dryRun.blockingActionId) blocking = await em.findOne(Action, { id: dryRun.blockingActionId });
+      if (dryRun.verdict === "refuse" && dryRun.blockingActionId) {
+        const found = await em.findOne(Action, { id: dryRun.blockingActionId });
+        // Another group's action is never named to a tenant (not even that it exists): only that a slot is awaited.
+        if (found && canSeeGroup(caller, found.groupSlug)) blocking = found;
+      }
       if (dryRun.verdict === "refuse") {
         if (dependency && dryRun.blockingActionId === dependency.id) {
           const runner = dependency.status === "in_progress" && dependency.claimedBy ? await em.findOne(Agent, { hostId: dependency.claimedBy }) : null;
