@@ -97,7 +97,7 @@ const queueRowRequired = Object.keys(queueRowProperties);
 const queueRowSchema = { type: "object", properties: queueRowProperties, required: queueRowRequired } as const;
 const queueActionSchema = {
   type: "object",
-  properties: { ...queueRowProperties, result: { type: ["object", "null"], additionalProperties: true, description: "What the agent reported when it finished (per-phase output, commit, images)." } },
+  properties: { ...queueRowProperties, result: { type: ["object", "null"], additionalProperties: true, description: "What the agent reported when it finished (per-phase output, commit, images). Where it ran (`host`, `runtime`, `instance_status`) is shown to platform operators only, as on deployments." } },
   required: [...queueRowRequired, "result"],
 } as const;
 

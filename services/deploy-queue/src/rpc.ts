@@ -26,7 +26,20 @@ import { listQueue, withStuckClass, type ActionView } from "./domain/queue.ts";
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
 const opt = (s: string | null | undefined) => (s === null || s === undefined ? undefined : s);
 
-export function actionMsg({ action: a, stuckClass }: ActionView): ActionMsg {
+/**
+ * What the agent reported of where an action ran: the sources of a deployment's operator-only
+ * fields (spec 2.4: instance_status, leader_instance, infrastructure), kept from tenants wherever
+ * the result is shown.
+ */
+const OPERATOR_ONLY_RESULT_KEYS = ["instance_status", "host", "runtime"];
+
+function resultFor(result: Record<string, unknown>, caller: Caller | undefined): Record<string, unknown> {
+  if (!caller || caller.platformOperator) return result;
+  return Object.fromEntries(Object.entries(result).filter(([key]) => !OPERATOR_ONLY_RESULT_KEYS.includes(key)));
+}
+
+/** An action as a message; with `caller`, as that caller may see it (without it, for agents). */
+export function actionMsg({ action: a, stuckClass }: ActionView, caller?: Caller): ActionMsg {
   return create(ActionSchema, {
     actionId: a.id,
     appName: a.appName,
@@ -54,7 +67,7 @@ export function actionMsg({ action: a, stuckClass }: ActionView): ActionMsg {
     completedAt: iso(a.completedAt),
     priority: a.priority,
     payloadJson: JSON.stringify(a.payload ?? {}),
-    resultJson: a.result ? JSON.stringify(a.result) : "",
+    resultJson: a.result ? JSON.stringify(resultFor(a.result, caller)) : "",
     queueStatus: queueStatus(a),
     cancelRequested: a.cancelRequested,
   });
@@ -156,19 +169,19 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         const rows = await ctx.read((em) =>
           listQueue(em, caller, { appName: req.appName, all: req.all, excludeTypes: req.excludeTypes, limit: req.limit }, new Date()),
         );
-        return { items: rows.map(actionMsg) };
+        return { items: rows.map((r) => actionMsg(r, caller)) };
       },
 
       async getAction(req) {
         const caller = requireCaller(req.caller);
         const now = new Date();
-        return ctx.read(async (em) => actionMsg((await withStuckClass(em, [await getVisibleAction(em, caller, req.actionId)], now))[0]!));
+        return ctx.read(async (em) => actionMsg((await withStuckClass(em, [await getVisibleAction(em, caller, req.actionId)], now))[0]!, caller));
       },
 
       async diagnoseAction(req) {
         const caller = requireCaller(req.caller);
         const d = await ctx.read((em) => diagnoseAction(em, caller, req.actionId, new Date()));
-        return { action: actionMsg(d.view), narrative: d.narrative, hint: d.hint, blockingActionId: d.blockingActionId ?? undefined };
+        return { action: actionMsg(d.view, caller), narrative: d.narrative, hint: d.hint, blockingActionId: d.blockingActionId ?? undefined };
       },
 
       async prioritize(req) {

@@ -292,6 +292,18 @@ describe("claims", () => {
     expect((await client.diagnoseAction({ caller: operator(), actionId: mine.buildId })).blockingActionId).toBe(theirs.buildId);
   });
 
+  it("shows a tenant what the agent reported of an action without where it ran (operator-only, as on deployments)", async () => {
+    const { buildId, deployId } = await queueBuild();
+    await claim(buildId, "h-where");
+    await client.completeAction({ actionId: buildId, hostId: "h-where", status: "completed" });
+    await claim(deployId, "h-where");
+    const reported = { phases: { start: "Started replica 1" }, previous_tag: null, runtime: "process", host: "h-where", instance_status: { "h-where": "running" } };
+    await client.completeAction({ actionId: deployId, hostId: "h-where", status: "completed", resultJson: JSON.stringify(reported) });
+    expect(JSON.parse((await client.getAction({ caller: acme, actionId: deployId })).resultJson)).toEqual({ phases: { start: "Started replica 1" }, previous_tag: null });
+    expect(JSON.parse((await client.diagnoseAction({ caller: acme, actionId: deployId })).action!.resultJson)).not.toHaveProperty("host");
+    expect(JSON.parse((await client.getAction({ caller: operator(), actionId: deployId })).resultJson)).toEqual(reported);
+  });
+
   it("drops a work message for an unknown action", async () => {
     expect(await claim(randomUUID(), "h1")).toMatchObject({ claimed: false, drop: true });
     expect(await claim("not-a-uuid", "h1")).toMatchObject({ claimed: false, drop: true });
