@@ -25,7 +25,9 @@ export const errorSchema = {
 const errorRef = { $ref: "Error#" } as const;
 
 /** `offset` of every paged list: services count rows in 32 bits, so a larger offset is refused (422), not failed. */
-export const offsetParam = { type: "integer", minimum: 0, maximum: 2_147_483_647, default: 0 } as const;
+/** The largest value of a protobuf int32 field. */
+export const INT32_MAX = 2_147_483_647;
+export const offsetParam = { type: "integer", minimum: 0, maximum: INT32_MAX, default: 0 } as const;
 
 /** Error responses every authenticated route may give. */
 export const authErrors = {

@@ -287,6 +287,17 @@ describe("without an agent: builds stay queued", () => {
     expect(queue.body.map((a: { status: string }) => a.status)).toEqual(["cancelled", "cancelled"]);
   });
 
+  it("clamps admit-force's ttl_seconds to 60-3600, however large the number sent", async () => {
+    const k = await key(idle, "acme");
+    const r = await call(idle.api, "POST", "/builds?skip_preflight=true", { credential: k, body: { app_name: "forced", repository: "https://example.com/forced.git", auto_deploy: false } });
+    await expect.poll(async () => (await call(idle.api, "GET", `/deployments/queue/${r.body.build_id}`, { credential: k })).status, { timeout: 15_000 }).toBe(200);
+    const force = (ttl: unknown) => call(idle.api, "POST", `/deployments/queue/${r.body.build_id}/admit-force`, { credential: k, body: { reason: "hotfix", ttl_seconds: ttl } });
+    for (const [sent, clamped] of [[5, 60], [2_147_483_648, 3600], [1e10, 3600], [-5, 60]] as const) {
+      expect(await force(sent)).toMatchObject({ status: 200, body: { ttl_seconds: clamped, single_use: true } });
+    }
+    expect((await force("long")).status).toBe(422);
+  });
+
   it("cancels a build sent the moment its 202 comes, before the queue has taken it in", async () => {
     const k = await key(idle, "acme");
     for (let i = 0; i < 6; i++) {

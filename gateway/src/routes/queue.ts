@@ -6,7 +6,7 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { Action, DeployQueueService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, INT32_MAX } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -283,7 +283,9 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
     async (request) => {
       const { action_id } = request.params as { action_id: string };
       const body = request.body as { reason: string; ttl_seconds?: number };
-      const g = await queue.admitForce({ caller: callerOf(request), actionId: action_id, reason: body.reason, ttlSeconds: body.ttl_seconds });
+      // Any whole number is clamped by the queue; one beyond the message's int32 is brought within it first.
+      const ttlSeconds = body.ttl_seconds === undefined ? undefined : Math.max(-INT32_MAX - 1, Math.min(INT32_MAX, body.ttl_seconds));
+      const g = await queue.admitForce({ caller: callerOf(request), actionId: action_id, reason: body.reason, ttlSeconds });
       return { action_id: g.actionId, reason: body.reason.trim(), ttl_seconds: g.ttlSeconds, expires_at: g.expiresAt, single_use: true };
     },
   );
