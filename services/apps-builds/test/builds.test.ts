@@ -17,6 +17,7 @@ import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { routerSettings } from "../src/rpc.ts";
 import { buildRowsWritten, resolveClaimedRelease } from "../src/domain/releases.ts";
+import { applyActionUpdates, type ActionUpdate } from "../src/domain/builds.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
 
 const logger = createLogger({ service: "apps-builds-test", level: "silent", pretty: false });
@@ -285,5 +286,32 @@ describe("the release of a claimed deploy", () => {
     const started = Date.now();
     await expect(resolveClaimedRelease(service.ctx.read, { ...query, imageTag: failed.tag }, router, 4000)).rejects.toThrow("has no successful build");
     expect(Date.now() - started).toBeLessThan(1000);
+  });
+});
+
+describe("builds finishing out of order", () => {
+  const completion = (buildId: string, service: string): ActionUpdate => ({
+    action_id: buildId,
+    action_type: "BUILD",
+    status: "completed",
+    completed_at: new Date().toISOString(),
+    result: { config: { type: "container", services: { [service]: { run: "node server.js", port: 8080 } } } },
+  });
+  const app = async () => (await db.query("select latest_build, base_config, service_names from apps_builds.apps where app_name = 'late' and branch = 'main'")).rows[0];
+
+  it("leave the app's latest build and base config at the newest build's, one by one or in one batch", async () => {
+    await preflight("ready");
+    await client.registerApp({ caller: acme, appName: "late", repository: "https://example.com/acme/late.git" });
+    await db.query("update apps_builds.apps set preflight_status = 'ready' where app_name = 'late'");
+    const build = () => trigger({ appName: "late", repository: "https://example.com/acme/late.git" });
+    const [older, newer] = [await build(), await build()];
+    await service.ctx.write((em) => applyActionUpdates(em, [completion(newer.buildId, "web")]));
+    await service.ctx.write((em) => applyActionUpdates(em, [completion(older.buildId, "old")]));
+    expect(await app()).toMatchObject({ latest_build: newer.tag, service_names: ["web"], base_config: { services: { web: {} } } });
+
+    const [first, second] = [await build(), await build()];
+    await service.ctx.write((em) => applyActionUpdates(em, [completion(second.buildId, "api"), completion(first.buildId, "old")]));
+    expect(await app()).toMatchObject({ latest_build: second.tag, service_names: ["api"], base_config: { services: { api: {} } } });
+    expect((await buildRows("late")).map((b) => b.status)).toEqual(["completed", "completed", "completed", "completed"]);
   });
 });

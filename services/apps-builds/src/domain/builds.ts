@@ -437,6 +437,14 @@ export async function applyActionUpdates(em: EntityManager, updates: ActionUpdat
   for (const update of updates) await applyActionUpdate(em, update);
 }
 
+/** Whether a build of the app asked for after `build` has completed already. */
+async function newerBuildCompleted(em: EntityManager, app: App, build: Build): Promise<boolean> {
+  // The app's latest build as this unit of work holds it (an update earlier in the batch may have set it), then the database.
+  const latest = app.latestBuild && app.latestBuild !== build.tag ? await em.findOne(Build, { appId: app.id, tag: app.latestBuild }) : null;
+  if (latest && latest.status === "completed" && latest.createdAt > build.createdAt) return true;
+  return (await em.count(Build, { appId: app.id, status: "completed", createdAt: { $gt: build.createdAt }, id: { $ne: build.id } })) > 0;
+}
+
 /**
  * Keeps the builds row in step with its BUILD action: `queue_status` and the phase follow along,
  * while `status` stays `queued` until the build finishes (spec doc 1 section 2.3).
@@ -474,7 +482,9 @@ export async function applyActionUpdate(em: EntityManager, update: ActionUpdate)
   if (r.config && typeof r.config === "object") build.config = r.config;
   if (update.status === "completed") {
     const app = await em.findOne(App, { id: build.appId });
-    if (app) {
+    // Builds finish out of order: the app's latest build, and the base config layer read from it,
+    // move only forward (an older commit finishing late must not roll them back).
+    if (app && !(await newerBuildCompleted(em, app, build))) {
       app.latestBuild = build.tag;
       // The base layer is refreshed by each successful build (spec 4.4 config layers).
       if (build.config) {
