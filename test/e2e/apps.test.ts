@@ -231,6 +231,14 @@ describe("registration from another branch", () => {
     expect((await call(api, "GET", "/vars/node-web?branch=main", { credential: acme })).body.variables).not.toHaveProperty("ONLY_STAGING");
     expect((await call(api, "PUT", "/vars/node-web?branch=staging", { credential: acme, body: { branch: "main", variables: { X: "1" } } })).status).toBe(422);
     expect((await call(api, "DELETE", "/vars/node-web?branch=staging", { credential: acme, body: { key: "ONLY_STAGING" } })).body.variables).not.toHaveProperty("ONLY_STAGING");
+    // An empty branch (a script's unset variable) is refused, never taken for main; spaces around one are not part of it.
+    for (const write of [{ branch: "", variables: { X: "1" } }, { branch: "  ", variables: { X: "1" } }]) {
+      expect(await call(api, "PUT", "/vars/node-web", { credential: acme, body: write })).toMatchObject({ status: 422, body: { detail: expect.stringContaining("branch is empty") } });
+    }
+    expect((await call(api, "PUT", "/vars/node-web?branch=", { credential: acme, body: { variables: { X: "1" } } })).status).toBe(422);
+    expect((await call(api, "DELETE", "/vars/node-web", { credential: acme, body: { branch: "", key: "API_URL" } })).status).toBe(422);
+    expect((await call(api, "GET", "/vars/node-web?branch=main", { credential: acme })).body.variables).toEqual({ API_URL: "https://x", MODE: "prod" });
+    expect((await call(api, "PUT", "/vars/node-web?branch=staging", { credential: acme, body: { branch: " staging", variables: { SPACED: "1" } } })).body.branch).toBe("staging");
 
     const clone = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main" } });
     expect(clone.status).toBe(201);

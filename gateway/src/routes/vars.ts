@@ -24,7 +24,7 @@ const keyName = {
 const branchField = { type: "string", description: "Branch of the app; defaults to `main`." } as const;
 const writeBranchQuery = {
   type: "string",
-  description: "The branch, as GET reads it: the same as `branch` in the body, which it may stand in for. Both, naming different branches, is 422.",
+  description: "The branch, as GET reads it: the same as `branch` in the body, which it may stand in for. Both, naming different branches, is 422; so is an empty one.",
 } as const;
 
 /**
@@ -37,7 +37,12 @@ function writeBranch(request: FastifyRequest): string {
   if (inQuery !== undefined && inBody !== undefined && inQuery.trim() !== inBody.trim()) {
     throw PlatformError.invalid(`branch is '${inBody}' in the body and '${inQuery}' in the query; name it once.`);
   }
-  return inBody ?? inQuery ?? "";
+  const named = inBody ?? inQuery;
+  if (named === undefined) return "";
+  // Sent empty (a script's unset variable, say), it must not fall back to main: main may be production.
+  const branch = named.trim();
+  if (!branch) throw PlatformError.invalid("branch is empty: name the branch, or leave branch out to write to main.");
+  return branch;
 }
 const keyList = { type: "array", items: { type: "string" } } as const;
 const stamp = {
