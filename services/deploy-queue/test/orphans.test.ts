@@ -125,6 +125,18 @@ describe("failOrphanedActions", () => {
     expect(history.startedAt?.getTime()).toBe(minutesAgo(15).getTime());
   });
 
+  it("records a deploy past its swap commit completed, with a warning: past the point of no return it rolls forward", async () => {
+    await agent("h-flipped", minutesAgo(10));
+    const deploy = await claimed("DEPLOY", "h-flipped", 10, { phase: "drain", swapCommittedAt: minutesAgo(11), payload: { previous_tag: "main-0" } });
+    await write((em) => failOrphanedActions(em, now));
+    const r = await row(deploy.id);
+    expect(r).toMatchObject({ status: "completed", errorMessage: null });
+    expect(r.deployWarnings).toEqual([expect.stringMatching(/^The agent on host h-flipped stopped responding .* after the swap commit; past the point of no return the deploy rolls forward/)]);
+    expect(await orm.em.fork().findOneOrFail(HistoryRecord, { deploymentId: deploy.id })).toMatchObject({ status: "completed", previousTag: "main-0" });
+    const events = await orm.em.fork().find(OutboxEvent, { subject: { $like: "%action_updated" } });
+    expect(events.filter((e) => e.payload.action_id === deploy.id).map((e) => e.payload.status)).toEqual(["completed"]);
+  });
+
   it("fails an action claimed by a host that never sent a heartbeat, saying so", async () => {
     const a = await claimed("DEPLOY", "h-never", 10);
     await write((em) => failOrphanedActions(em, now));

@@ -4,6 +4,12 @@
  * ORPHANED_AFTER_MS, it fails with a reason naming the host, and its dependents with it. While it
  * waits, stuck_class says `in_progress` (see stuck.ts).
  *
+ * A deploy past its swap commit is the exception: past the point of no return a deploy rolls
+ * forward to completed (spec doc 1 section 3.2), and its agent, when it comes back, finishes the
+ * route flip from its host state whatever the queue says. So it is recorded completed, with a
+ * warning: the release it ships is the one the app runs (failing it would have the app report the
+ * old release as serving, and a scale would redeploy that one).
+ *
  * An agent that restarts in time claims its action again and finishes or fails it cleanly itself.
  */
 import type { EntityManager } from "@platform/db";
@@ -33,9 +39,20 @@ export async function failOrphanedActions(em: EntityManager, now: Date): Promise
   const actions = await em.find(Action, { id: { $in: rows.map((r) => r.id) } });
   for (const action of actions) {
     const lastSeen = seen.get(action.id);
-    action.status = "failed";
+    const silent = `The agent on host ${action.claimedBy} stopped responding during the action (last heard from ${lastSeen ? lastSeen.toISOString() : "never"})`;
     action.completedAt = now;
-    action.errorMessage = `The agent on host ${action.claimedBy} stopped responding during the action (last heard from ${lastSeen ? lastSeen.toISOString() : "never"}); it was failed after ${ORPHANED_AFTER_MS / 60_000} minutes without progress.`;
+    if (action.swapCommittedAt) {
+      action.status = "completed";
+      action.errorMessage = null;
+      action.deployWarnings = [
+        ...(action.deployWarnings ?? []),
+        `${silent} after the swap commit; past the point of no return the deploy rolls forward: recorded completed after ${ORPHANED_AFTER_MS / 60_000} minutes without progress, the route flip is finished by the agent when it is back.`,
+      ];
+      announce(em, action, now);
+      continue;
+    }
+    action.status = "failed";
+    action.errorMessage = `${silent}; it was failed after ${ORPHANED_AFTER_MS / 60_000} minutes without progress.`;
     announce(em, action, now);
     await cascadeToDependents(em, action, "failed", now);
   }
