@@ -78,7 +78,7 @@ const queueRowProperties = {
       "Why a live action is not moving, computed on read. `build_in_progress`: queued behind its dependency (a deploy behind its build), still live; " +
       "`admission_refused`: queued, and the agent's last claim was refused (`admission_check_reason`); `never_claimed`: queued over 2 minutes with no claim tried; " +
       "`in_progress`: claimed, and no report from its agent for over 2 minutes, or for over a minute while its host sends no heartbeat either " +
-      "(after 3 minutes without progress from a silent host it is failed). Null while it moves normally, and for finished actions.",
+      "(after 3 minutes without progress from a silent host it is failed; a deploy past its swap commit is recorded completed, as it rolls forward). Null while it moves normally, and for finished actions.",
   },
   deploy_warnings: { type: "array", items: { type: "string" }, description: "Non-default decisions the agent applied." },
   service_name: { ...nullable, description: "SERVICE_ACTION rows only." },
