@@ -298,6 +298,20 @@ describe("without an agent: builds stay queued", () => {
     expect((await force("long")).status).toBe(422);
   });
 
+  it("answers GET /api/logs with empty logs and an error while the log store does not answer, and 422 stays 422", async () => {
+    const k = await key(idle, "acme");
+    const logs = idle.processes.find((p) => p.name === "health-aggregator")!;
+    process.kill(logs.pid!, "SIGSTOP");
+    try {
+      const r = await call(idle.api, "GET", "/logs?source=agent", { credential: k });
+      expect(r).toMatchObject({ status: 200, body: { logs: [], total: 0, has_more: false, error: "The log store did not answer in time; try again in a moment." } });
+    } finally {
+      process.kill(logs.pid!, "SIGCONT");
+    }
+    expect((await call(idle.api, "GET", "/logs?source=agent", { credential: k })).body).not.toHaveProperty("error");
+    expect((await call(idle.api, "GET", "/logs?level=loud", { credential: k })).status).toBe(422);
+  });
+
   it("cancels a build sent the moment its 202 comes, before the queue has taken it in", async () => {
     const k = await key(idle, "acme");
     for (let i = 0; i < 6; i++) {

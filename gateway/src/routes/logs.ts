@@ -4,8 +4,8 @@
  * the owner of apps and their branches, says; no line is filtered by it.
  */
 import type { FastifyInstance } from "fastify";
-import type { Client } from "@connectrpc/connect";
-import type { AppsBuildsService, Caller, HealthAggregatorService, LogRow } from "@platform/proto";
+import { Code, ConnectError, type Client } from "@connectrpc/connect";
+import type { AppsBuildsService, Caller, HealthAggregatorService, LogRow, QueryLogsResponse } from "@platform/proto";
 import { platformErrorOf } from "@platform/rpc";
 import { callerOf } from "../access.ts";
 import { authErrors, commonQuery, offsetParam } from "../schemas.ts";
@@ -75,6 +75,17 @@ interface LogsQuery {
 }
 
 /** Whether the caller sees the app on the branch; an app it cannot see there reads as an unknown one. */
+/**
+ * The log service not answering (down, or past its deadline) is the log store being unreachable to
+ * the caller: the spec's 200 with empty logs and an `error` text, as when the service cannot read
+ * its own store. Any other refusal (a bad parameter: 422) stands.
+ */
+function logStoreUnreachable(err: unknown): Pick<QueryLogsResponse, "logs" | "total" | "hasMore" | "error" | "reason"> {
+  if (!(err instanceof ConnectError) || (err.code !== Code.Unavailable && err.code !== Code.DeadlineExceeded)) throw err;
+  const why = err.code === Code.DeadlineExceeded ? "did not answer in time" : "is unavailable";
+  return { logs: [], total: 0, hasMore: false, error: `The log store ${why}; try again in a moment.`, reason: undefined };
+}
+
 async function seesAppOn(apps: Client<typeof AppsBuildsService>, caller: Caller, appName: string, branch: string): Promise<boolean> {
   try {
     await apps.getApp({ caller, appName, branch });
@@ -156,21 +167,23 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
       const branch = q.app_name && q.branch?.trim() && !q.deployment_id && !q.build_id && !q.action_id ? q.branch.trim() : null;
       // Asked together: the log store checks every parameter (422) whatever the access check says.
       const [r, visible] = await Promise.all([
-        health.queryLogs({
-          caller,
-          appName: q.app_name ?? "",
-          source: q.source ?? "",
-          serviceName: q.service_name ?? "",
-          deploymentId: q.deployment_id ?? "",
-          buildId: q.build_id ?? "",
-          actionId: q.action_id ?? "",
-          level: q.level ?? "",
-          search: q.search ?? "",
-          since: q.since ?? "",
-          limit: q.limit,
-          offset: q.offset,
-          branch: q.branch ?? "",
-        }),
+        health
+          .queryLogs({
+            caller,
+            appName: q.app_name ?? "",
+            source: q.source ?? "",
+            serviceName: q.service_name ?? "",
+            deploymentId: q.deployment_id ?? "",
+            buildId: q.build_id ?? "",
+            actionId: q.action_id ?? "",
+            level: q.level ?? "",
+            search: q.search ?? "",
+            since: q.since ?? "",
+            limit: q.limit,
+            offset: q.offset,
+            branch: q.branch ?? "",
+          })
+          .catch(logStoreUnreachable),
         branch ? seesAppOn(apps, caller, q.app_name!, branch) : true,
       ]);
       if (!visible) return { logs: [], total: 0, has_more: false, ...(q.source === "container" ? { reason: "no_log_group" } : {}) };
