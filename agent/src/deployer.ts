@@ -273,6 +273,8 @@ export class Deployer {
     if (pending) {
       // What the stopped agent had done stays in the deploy's phases; how it ended is the resume's.
       Object.assign(phases, structuredClone(pending.phases ?? {}));
+      result.previous_tag = pending.previous?.tag ?? null;
+      if (pending.env) result.env_vars_snapshot = pending.env;
       current = "resume";
       return this.#resume(pending, emit, finish, { confirm: () => d.phase("swap_committed", { wait: true }) });
     }
@@ -316,7 +318,7 @@ export class Deployer {
         services: {},
         since: new Date().toISOString(),
       };
-      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next, previous, phases };
+      inflight = { actionId: job.action_id, key, colour, replicas: [], swapCommitted: false, next, previous, phases, env: release.env };
       for (const [name, service] of services) {
         const replicas: ReplicaSpec[] = [];
         for (let i = 0; i < service.replicas; i++) {

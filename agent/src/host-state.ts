@@ -47,6 +47,8 @@ export interface InflightDeploy {
   previous?: DeployedApp;
   /** Output of each phase so far, kept with the record: a deploy resumed after a restart still shows it. */
   phases?: Record<string, string[]>;
+  /** The variables the release runs with: a resumed deploy reports them as any other (its history's env_vars_snapshot). */
+  env?: Record<string, string>;
 }
 
 interface StateFile {

@@ -180,6 +180,8 @@ it("resumed after the agent stopped while draining, stops the colour that served
   expect(Object.keys(phases)).toEqual(["setup", "start", "health_check", "ready", "swap_committed", "drain", "resume"]);
   expect(phases.start).toContain("Started replica 1");
   expect(phases.resume).toContain("after the swap commit: the deploy was finished");
+  // It reports what it ran with, as an uninterrupted deploy does (the history's env_vars_snapshot), and the tag it replaced.
+  expect(resumed.result).toMatchObject({ env_vars_snapshot: { GREETING: "hi" }, previous_tag: before.tag });
   expect(state.inflight(redeploy.action_id)).toBeUndefined();
   const running = driver.list().filter((r) => r.running).map((r) => r.spec.id);
   expect(running).toHaveLength(1);
