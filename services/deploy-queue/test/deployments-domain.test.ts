@@ -357,7 +357,11 @@ describe("point of no return (doc 1 section 3.2), beyond what domain.test.ts cov
     }
   });
 
-  it("an UNDEPLOY has no swap commit", () => {
-    expect(isPastPointOfNoReturn({ actionType: "UNDEPLOY", status: "in_progress", swapCommittedAt: now })).toBe(false);
+  it("a single-step action in flight (UNDEPLOY, SERVICE_ACTION, RECONCILE_ROUTING) is past it from its claim; a build in flight is not", () => {
+    for (const actionType of ["UNDEPLOY", "SERVICE_ACTION", "RECONCILE_ROUTING"]) {
+      expect(isPastPointOfNoReturn({ actionType, status: "in_progress", swapCommittedAt: null })).toBe(true);
+      expect(isPastPointOfNoReturn({ actionType, status: "queued", swapCommittedAt: null })).toBe(false);
+    }
+    expect(isPastPointOfNoReturn({ actionType: "BUILD", status: "in_progress", swapCommittedAt: null })).toBe(false);
   });
 });

@@ -5,7 +5,8 @@
  *   (`dependents_cancelled`);
  * - `cancel_requested`: the action is in flight; the agent stops between phases (ReportProgress
  *   answers cancel_requested) and completes it as cancelled. Its queued dependents are cancelled now;
- * - `refused_past_point_of_no_return`: a DEPLOY past its swap commit rolls forward to completed
+ * - `refused_past_point_of_no_return`: a DEPLOY past its swap commit rolls forward to completed, and a
+ *   single-step action in flight (UNDEPLOY, SERVICE_ACTION) finishes
  *   (see point-of-no-return.ts);
  * - `not_cancellable`: already terminal;
  * - `not_found`: unknown, ambiguous or another group's id.
