@@ -17,6 +17,7 @@ import { Action, Agent, entities, HistoryRecord } from "../src/entities/index.ts
 import { migrations } from "../src/migrations/0001_queue.ts";
 import { deploymentMigrations } from "../src/migrations/0002_deployments.ts";
 import { failOrphanedActions, ORPHANED_AFTER_MS } from "../src/domain/orphans.ts";
+import { reportProgress } from "../src/domain/claims.ts";
 
 let databaseUrl: string;
 let orm: MikroORM;
@@ -135,6 +136,9 @@ describe("failOrphanedActions", () => {
     expect(await orm.em.fork().findOneOrFail(HistoryRecord, { deploymentId: deploy.id })).toMatchObject({ status: "completed", previousTag: "main-0" });
     const events = await orm.em.fork().find(OutboxEvent, { subject: { $like: "%action_updated" } });
     expect(events.filter((e) => e.payload.action_id === deploy.id).map((e) => e.payload.status)).toEqual(["completed"]);
+    // Its agent, heard from again, is told to go on with the flip (and nobody else to run it).
+    expect(await write((em) => reportProgress(em, { actionId: deploy.id, hostId: "h-flipped", phase: "swap_committed", message: "" }, now))).toEqual({ cancelRequested: false });
+    expect(await write((em) => reportProgress(em, { actionId: deploy.id, hostId: "h-other", phase: "swap_committed", message: "" }, now))).toEqual({ cancelRequested: true });
   });
 
   it("fails an action claimed by a host that never sent a heartbeat, saying so", async () => {

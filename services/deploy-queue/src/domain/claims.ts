@@ -177,7 +177,12 @@ export interface ProgressReport {
 export async function reportProgress(em: EntityManager, report: ProgressReport, now: Date): Promise<{ cancelRequested: boolean }> {
   const action = await lockAction(em, report.actionId);
   if (!action) throw PlatformError.notFound(`Action '${report.actionId}' not found`);
-  if (action.status !== "in_progress" || action.claimedBy !== report.hostId) return { cancelRequested: true };
+  if (action.status !== "in_progress" || action.claimedBy !== report.hostId) {
+    // A deploy recorded completed past its swap commit while its agent was silent (see orphans.ts)
+    // rolls forward: its agent, heard from again, is told to go on, not to undo the flip.
+    const rolledForward = action.status === "completed" && !!action.swapCommittedAt && action.claimedBy === report.hostId;
+    return { cancelRequested: !rolledForward };
+  }
   action.progressAt = now;
   const phase = report.phase.trim();
   // A cancel that came first wins: the agent stops instead of entering the phase (and before the
