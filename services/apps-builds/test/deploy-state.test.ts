@@ -17,6 +17,7 @@ import { App, Build, entities } from "../src/entities/index.ts";
 import { variableEntities } from "../src/entities/variables.ts";
 import { applyDeployUpdate, type DeployActionUpdate } from "../src/domain/deploy-state.ts";
 import { appUrls, frontDoorHost, isServing, publicHosts, serviceUrls, type RouterSettings } from "../src/domain/front-door.ts";
+import { completedBuild } from "./rows.ts";
 
 /** The app's urls as a read computes them: from its service URLs. */
 const urlsOf = (app: Parameters<typeof serviceUrls>[0], router: Parameters<typeof serviceUrls>[1]) => appUrls(app, serviceUrls(app, router));
@@ -224,26 +225,7 @@ async function registerApp(fields: Partial<App> = {}): Promise<App> {
 }
 
 async function addBuild(app: App, tag: string, config: Record<string, unknown> | null = null): Promise<string> {
-  const id = randomUUID();
-  await write(async (em) => {
-    em.create(Build, {
-      id,
-      appId: app.id,
-      appName: app.appName,
-      displayName: app.displayName,
-      groupSlug: app.groupSlug,
-      branch: app.branch,
-      tag,
-      status: "completed",
-      queueStatus: "build_completed",
-      codebuildPhase: "COMPLETED",
-      images: [],
-      autoDeploy: true,
-      createdBy: "api_key:k",
-      config,
-    });
-  });
-  return id;
+  return write(async (em) => completedBuild(em, app, tag, config));
 }
 
 /** An action_updated event for `app`, applied in a transaction; returns the app row as stored. */

@@ -5,7 +5,6 @@
  * concurrent scales exactly one saves and queues, and every other one is refused
  * (scale_in_flight) before anything of it is saved.
  */
-import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { appsBuildsEnv, deployQueueEnv, loadConfig } from "@platform/config";
 import { createServiceClient } from "@platform/rpc";
@@ -16,7 +15,8 @@ import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { Action } from "../src/entities/index.ts";
 import { build as buildAppsBuilds } from "../../apps-builds/src/app.ts";
-import { App, Build } from "../../apps-builds/src/entities/index.ts";
+import { App } from "../../apps-builds/src/entities/index.ts";
+import { completedBuild } from "../../apps-builds/test/rows.ts";
 import { startIdentity, type TestIdentity } from "../../apps-builds/test/identity.ts";
 
 let databaseUrl: string;
@@ -42,22 +42,7 @@ async function runningApp(appName: string): Promise<void> {
       runningVersion: RUNNING_TAG,
       preflightStatus: "ready",
     });
-    em.create(Build, {
-      id: randomUUID(),
-      appId: app.id,
-      appName: app.appName,
-      displayName: app.displayName,
-      groupSlug: app.groupSlug,
-      branch: app.branch,
-      tag: RUNNING_TAG,
-      status: "completed",
-      queueStatus: "build_completed",
-      codebuildPhase: "COMPLETED",
-      images: [],
-      autoDeploy: true,
-      createdBy: "api_key:k",
-      config: null,
-    });
+    completedBuild(em, app, RUNNING_TAG);
   });
 }
 
