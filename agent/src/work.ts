@@ -261,7 +261,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
         log: (line) =>
           shipLine(job, line, {
             source: "deploy",
-            deployment_id: job.deployment_id ?? actionId,
+            deployment_id: job.deployment_id,
             // The phase a line belongs to; a service's line from `start` on also tells the log
             // store that the service's output stream exists (its log group).
             metadata: { phase: line.phase },

@@ -14,7 +14,7 @@ import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/ca
 import { Action, HistoryRecord } from "../entities/index.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
-import { DEPLOYMENT_TYPES } from "./history.ts";
+import { DEPLOYMENT_TYPES, isDeploymentType } from "./history.ts";
 import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
 import { dispatch, type Dispatched } from "./placement.ts";
 import { SWAP_COMMIT_PHASE } from "./point-of-no-return.ts";
@@ -310,7 +310,8 @@ export async function createAppAction(em: EntityManager, input: AppActionInput, 
     action: input.action ?? null,
     payload: {
       ...input.payload,
-      deployment_id: id,
+      // A service action or route reconcile is no deployment: its log lines are found by action_id.
+      ...(isDeploymentType(input.actionType) ? { deployment_id: id } : {}),
       app_name: input.appName,
       branch: input.branch,
       group_slug: input.groupSlug,
