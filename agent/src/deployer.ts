@@ -283,6 +283,7 @@ export class Deployer {
       await enter("setup");
       // The tag's tree is made ready (fetched, unpacked) while its release is resolved.
       const early = job.image_tag ? settle(this.#release(job, job.image_tag, emit)) : null;
+      const hostsReadAt = Date.now();
       const release = await d.resolve(job);
       const tag = release.imageTag || job.image_tag || "";
       result.env_vars_snapshot = release.env;
@@ -314,6 +315,7 @@ export class Deployer {
         colour,
         deploymentId: job.deployment_id ?? job.action_id,
         hosts: release.hosts,
+        hostsReadAt,
         releaseDir,
         services: {},
         since: new Date().toISOString(),
@@ -475,6 +477,7 @@ export class Deployer {
     for (;;) {
       try {
         await this.#d.routingTableLock.run(async () => {
+          await this.#frontDoorsAfterFlip(inflight, emit);
           await this.#d.state.setApp({ ...next, since });
           if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
           else await this.#d.router.remove(next.key);
@@ -489,6 +492,24 @@ export class Deployer {
     }
     emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
     if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);
+  }
+
+  /**
+   * A route reconcile (a visibility flip) runs beside a deploy of its branch: when one came after
+   * the deploy read its front doors, they are read again before the route moves, or the swap
+   * would undo the flip. Not read, the route keeps what the deploy read, and says so.
+   */
+  async #frontDoorsAfterFlip(inflight: InflightDeploy, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+    const next = inflight.next;
+    if (!this.#d.state.frontDoorsChangedSince(next.app, next.branch, next.hostsReadAt ?? 0)) return;
+    const readAt = Date.now();
+    try {
+      const release = await this.#d.resolve({ action_id: inflight.actionId, action_type: "DEPLOY", app_name: next.app, branch: next.branch, group_slug: next.group, image_tag: next.tag });
+      next.hosts = release.hosts;
+      next.hostsReadAt = readAt;
+    } catch (err) {
+      emit("warning", `The app's visibility changed during the deploy and could not be read again (${err instanceof Error ? err.message : String(err)}); reconcile the app once it is live.`);
+    }
   }
 
   /** The replicas of the colour that served before are let go, save those the new release carried over. */
@@ -645,16 +666,23 @@ export class Deployer {
   /** RECONCILE_ROUTING: the route follows the app's current visibility (front doors from apps-builds). */
   async reconcile(job: DeployJob): Promise<DeployOutcome> {
     const d = this.#d;
+    // Marked first: a deploy of the branch in flight reads its front doors again before its swap.
+    await d.state.markFrontDoorsChanged(job.app_name, job.branch, Date.now());
     const app = d.state.appOf(job.app_name, job.branch);
     if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: "Nothing of this branch runs on this host." } } };
+    const readAt = Date.now();
     const release = await d.resolve({ ...job, image_tag: app.tag });
-    app.hosts = release.hosts;
+    let message = "Nothing of this branch runs on this host.";
     await d.routingTableLock.run(async () => {
-      await d.state.setApp(app);
-      if (app.hosts.length > 0) await d.router.put(routeOf(app));
-      else await d.router.remove(app.key);
+      // A deploy's swap may have replaced the record meanwhile, with front doors read after these.
+      const current = d.state.appOf(job.app_name, job.branch);
+      if (!current) return;
+      if ((current.hostsReadAt ?? 0) <= readAt) Object.assign(current, { hosts: release.hosts, hostsReadAt: readAt });
+      await d.state.setApp(current);
+      if (current.hosts.length > 0) await d.router.put(routeOf(current));
+      else await d.router.remove(current.key);
+      message = current.hosts.length > 0 ? `Routed at ${current.hosts.join(", ")}` : "Private: the public route was removed";
     });
-    const message = app.hosts.length > 0 ? `Routed at ${app.hosts.join(", ")}` : "Private: the public route was removed";
     d.log({ level: "info", message, phase: "reconcile" });
     return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };
   }

@@ -29,6 +29,8 @@ export interface DeployedApp {
   deploymentId: string;
   /** Front door host names; empty for a private app. */
   hosts: string[];
+  /** When `hosts` was asked of apps-builds (ms, this agent's clock); absent in older records. */
+  hostsReadAt?: number;
   releaseDir: string;
   services: Record<string, DeployedService>;
   since: string;
@@ -54,7 +56,12 @@ export interface InflightDeploy {
 interface StateFile {
   apps: Record<string, DeployedApp>;
   inflight: Record<string, InflightDeploy>;
+  /** By `<app>/<branch>`: when a route reconcile (a visibility flip) last came for the branch. */
+  frontDoorsChanged?: Record<string, number>;
 }
+
+/** How long a route reconcile's mark is kept: far longer than any deploy takes from its read to its swap. */
+const FRONT_DOORS_MARK_KEPT_MS = 24 * 3600_000;
 
 /** The key of a branch first deployed on this host; it stays the branch's key across group renames. */
 export function appKey(group: string, app: string, branch: string): string {
@@ -90,7 +97,7 @@ export class HostState {
   async load(): Promise<void> {
     try {
       const parsed = JSON.parse(await readFile(this.#file, "utf8")) as Partial<StateFile>;
-      this.#state = { apps: parsed.apps ?? {}, inflight: parsed.inflight ?? {} };
+      this.#state = { apps: parsed.apps ?? {}, inflight: parsed.inflight ?? {}, frontDoorsChanged: parsed.frontDoorsChanged ?? {} };
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err;
     }
@@ -144,6 +151,23 @@ export class HostState {
     for (const d of this.allInflight()) for (const replica of d.replicas) if (replica.group === previous) replica.group = slug;
     if (apps.length > 0) await this.save();
     return apps.length;
+  }
+
+  /**
+   * A route reconcile came for a branch at `at`: a deploy of it routes the front doors it read at
+   * its start, and one read before then may miss the visibility flip the reconcile is for.
+   */
+  async markFrontDoorsChanged(app: string, branch: string, at: number): Promise<void> {
+    const marks = (this.#state.frontDoorsChanged ??= {});
+    for (const [k, t] of Object.entries(marks)) if (at - t > FRONT_DOORS_MARK_KEPT_MS) delete marks[k];
+    marks[`${app}/${branch}`] = Math.max(at, marks[`${app}/${branch}`] ?? 0);
+    await this.save();
+  }
+
+  /** Whether front doors of a branch read at `readAt` may be older than a visibility flip. */
+  frontDoorsChangedSince(app: string, branch: string, readAt: number): boolean {
+    const mark = this.#state.frontDoorsChanged?.[`${app}/${branch}`];
+    return mark !== undefined && mark >= readAt;
   }
 
   async setInflight(d: InflightDeploy): Promise<void> {

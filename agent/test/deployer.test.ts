@@ -349,3 +349,42 @@ it("undeploys while the router does not answer: the replicas stop, and the routi
   expect(await deployer.restoreDriftedRoutes()).toMatchObject({ extra: ["acme/node-web/main"] });
   expect((await get(caddy.httpPort)).status).toBe(404);
 });
+
+it("a flip to private reconciled while a deploy waits for its swap holds at once, and past that deploy's swap", async () => {
+  let hosts = [HOST];
+  const resolve: DeployerDeps["resolve"] = async (j) => ({ ...(await baseDeps.resolve(j)), hosts });
+  let swap!: () => void;
+  const swapAllowed = new Promise<void>((r) => (swap = r));
+  let ready!: () => void;
+  const atReady = new Promise<void>((r) => (ready = r));
+  const held = new Deployer({
+    ...baseDeps,
+    resolve,
+    phase: async (name) => {
+      if (name === "ready") {
+        ready();
+        await swapAllowed;
+      }
+      return false;
+    },
+  });
+  const reconciler = new Deployer({ ...baseDeps, resolve });
+  expect((await reconciler.deploy({ ...job, action_id: "5c6d7e8f-9a0b-4c1d-8e2f-3a4b5c6d7e8f", image_tag: "main-4567cdef" })).status).toBe("completed");
+  expect((await get(caddy.httpPort)).status).toBe(200);
+
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-5678def0"), { recursive: true });
+  const deploying = held.deploy({ ...job, action_id: "6d7e8f9a-0b1c-4d2e-9f3a-4b5c6d7e8f9a", image_tag: "main-5678def0" });
+  await atReady;
+  hosts = [];
+  const reconcile = { ...job, action_id: "7e8f9a0b-1c2d-4e3f-8a4b-5c6d7e8f9a0b", action_type: "RECONCILE_ROUTING", image_tag: null };
+  expect(await reconciler.reconcile(reconcile)).toMatchObject({ status: "completed", result: { phases: { reconcile: "Private: the public route was removed" } } });
+  expect((await get(caddy.httpPort)).status).toBe(404);
+  swap();
+  expect((await deploying).status).toBe("completed");
+  expect(state.appOf("node-web", "main")).toMatchObject({ tag: "main-5678def0", hosts: [] });
+  expect((await get(caddy.httpPort)).status).toBe(404);
+
+  hosts = [HOST];
+  expect(await reconciler.reconcile({ ...reconcile, action_id: "8f9a0b1c-2d3e-4f4a-9b5c-6d7e8f9a0b1c" })).toMatchObject({ status: "completed" });
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});

@@ -337,6 +337,12 @@ describe("services", () => {
     expect(restart.status).toBe(202);
     await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${restart.body.action_ids[0]}`, { credential: acme })).body.status, { timeout: 30_000 }).toBe("completed");
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
+    // Its log lines are found by its action id; a service action is no deployment.
+    const lines = await waitFor(
+      async () => (await call(api, "GET", `/logs?action_id=${restart.body.action_ids[0]}`, { credential: acme })).body.logs as any[],
+      (ls) => ls.some((l) => /^Started/.test(l.message)),
+    );
+    expect(lines.map((l) => [l.source, l.deployment_id])).toEqual(lines.map(() => ["deploy", null]));
     expect((await call(api, "POST", `/services/${APP}/nope/restart`, { credential: acme })).status).toBe(404);
   });
 
@@ -466,14 +472,26 @@ describe("scale, primary services and visibility", () => {
     expect(reconcile).toMatchObject({ status: 202, body: { action_id: expect.any(String), deployment_id: null } });
   });
 
-  it("keeps a flip to private asked for while a deploy is on its way: the route follows it after the deploy's swap", async () => {
+  it("applies a flip to private asked for during a deploy's health check at once, and keeps it past the deploy's swap", async () => {
     const url = (await getApp()).urls[0] as string;
-    const redeploy = await call(api, "POST", `/apps/${APP}/redeploy`, { credential: acme });
-    expect(redeploy.status).toBe(202);
+    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
+    // It answers its health check only after a while: the flip comes while the deploy waits for it.
+    await web.commit("slow start", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 9000);`) });
+    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+    const deployId = await waitFor(
+      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.phase === "health_check")?.id,
+      (id) => !!id,
+      120_000,
+    );
     expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } })).status).toBe(200);
-    await waitFor(async () => (await call(api, "GET", `/deployments/${redeploy.body.deployment_id}`, { credential: acme })).body.status, (s) => s === "completed", 60_000);
-    const settled = async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.length;
-    await expect.poll(settled, { timeout: 30_000 }).toBe(0);
+    await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(404);
+    // The running release lost its public route before the new one passed its checks.
+    expect((await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body.status).not.toBe("completed");
+    await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);
+    expect((await viaRouter(`${url}/`)).status).toBe(404);
+    expect((await getApp()).urls).toEqual([]);
+    await web.commit("quick start again", { "server.js": serverJs });
+    expect((await buildAndDeploy()).deploy.status).toBe("completed");
     expect((await viaRouter(`${url}/`)).status).toBe(404);
     expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "public" } })).status).toBe(200);
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);

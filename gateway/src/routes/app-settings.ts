@@ -62,8 +62,8 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
           "`{code, message, errors: [{field, code, message}]}`. A new `config_path` re-queues the preflight (`preflight_action_id` " +
           "is then in the response) and clears the config's base layer, read from the old file, until the preflight reads the new one; " +
           "it is 409 `repository_already_registered` when another app of the group builds the same repository from that file. A `visibility` change is stored at once and, while the branch is deployed, queues a route reconcile " +
-          "(a RECONCILE_ROUTING action: a private app loses its public route within seconds, or once a deploy in flight on the branch has ended, " +
-          "since that deploy routes the front doors it read when it started). `deploy_config`, `services` and `containers` are stored as sent; a feature " +
+          "(a RECONCILE_ROUTING action: a private app loses its public route within seconds, also while a deploy of the branch is in flight, " +
+          "whose swap then routes the new visibility). `deploy_config`, `services` and `containers` are stored as sent; a feature " +
           "flag omitted next to a `deploy_config` that has that section (`database: {enabled: true}`) is derived from it.",
         params: appName,
         querystring: branchQuery,

@@ -83,8 +83,8 @@ describe("admission gates", () => {
     const busy = { id: BUILD, actionType: "DEPLOY" };
     const r = checkAdmission(input({ action: { actionType: "DEPLOY", admitForceUntil: secondsAgo(-60) }, appLaneBusyWith: busy }));
     expect(r).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
-    // A route reconcile waits for the deploy too: its swap would route what it read at its start.
-    expect(checkAdmission(input({ action: { actionType: "RECONCILE_ROUTING" }, appLaneBusyWith: busy }))).toMatchObject({ verdict: "refuse", blockingActionId: BUILD });
+    // A route reconcile does not wait for the deploy: a flip to private holds within seconds.
+    expect(checkAdmission(input({ action: { actionType: "RECONCILE_ROUTING" }, appLaneBusyWith: busy }))).toMatchObject({ verdict: "admit" });
     // BUILDs are not in the app lane.
     expect(checkAdmission(input({ appLaneBusyWith: busy }))).toMatchObject({ verdict: "admit" });
   });

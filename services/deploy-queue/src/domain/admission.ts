@@ -11,9 +11,8 @@
  *    after a slow one, an event redelivered late), and the older release must not replace the
  *    newer one. So is it when an undeploy asked for after it has started: the build it waited
  *    for must not bring back what the undeploy took down;
- * 4. app lane: one action that changes what runs or how it is routed (DEPLOY, UNDEPLOY,
- *    RECONCILE_ROUTING, ...) per app and branch at a time, so two blue/green swaps of one app
- *    never race; and in order: a ready one that goes before it (higher priority, then older) goes
+ * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at
+ *    a time, so two blue/green swaps of one app never race; and in order: a ready one that goes before it (higher priority, then older) goes
  *    first, so a restart then a stop end stopped however an agent's claims of them interleave;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
  * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
@@ -29,11 +28,12 @@ import { isTerminal } from "./lifecycle.ts";
 export const HOST_CONCURRENCY: Readonly<Record<string, number>> = { BUILD: 2, DEPLOY: 2 };
 
 /**
- * Types that change what runs for an app and branch, or how it is routed: one at a time per app
- * lane. A route reconcile (a visibility flip) waits for a deploy in flight, which routes the front
- * doors it read when it started: run beside it, the flip would be undone by the deploy's swap.
+ * Types that change what runs for an app and branch: one at a time per app lane. A route
+ * reconcile (a visibility flip) is not one: it runs beside a deploy in flight, so a flip to private
+ * takes effect within seconds, and the agent has that deploy read its front doors again before
+ * its swap.
  */
-export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "UNDEPLOY", "PURGE_APP", "RESTORE", "SERVICE_ACTION", "DRIVE_APPLY", "RECONCILE_ROUTING"]);
+export const APP_LANE_TYPES: ReadonlySet<string> = new Set(["DEPLOY", "RETRY", "UNDEPLOY", "PURGE_APP", "RESTORE", "SERVICE_ACTION", "DRIVE_APPLY"]);
 
 /** A waiting action counts for the queue order only if its agent tried it this recently. */
 export const QUEUE_ORDER_WINDOW_MS = 30_000;
