@@ -12,8 +12,8 @@ describe("since", () => {
     expect(parseSince("2026-11-24T09:30:15-0130").toISOString()).toBe("2026-11-24T11:00:15.000Z");
   });
 
-  it("refuses what is not ISO 8601, or names a day or time that does not exist, with 422", () => {
-    for (const bad of ["yesterday", "1h", "24/11/2026", "Nov 24 2026", "2026-02-30", "2026-13-01", "2026-11-24T24:00", "2026-11-24T09:61", ""]) {
+  it("refuses what is not ISO 8601, or names a day or time that does not exist (or one before year 1), with 422", () => {
+    for (const bad of ["yesterday", "1h", "24/11/2026", "Nov 24 2026", "2026-02-30", "2026-13-01", "2026-11-24T24:00", "2026-11-24T09:61", "", "0000-01-01", "0001-01-01T00:30+01:00"]) {
       expect(() => parseSince(bad), bad).toThrow(expect.objectContaining({ status: 422 }));
     }
   });

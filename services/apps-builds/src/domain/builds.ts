@@ -377,8 +377,9 @@ export function parseSince(raw: string): Date {
   const [, y, mo, d, h = "00", mi = "00", sec = "00", fraction = "", zone] = m;
   const offset = zone === undefined || zone.toUpperCase() === "Z" ? "Z" : `${zone.slice(0, 3)}:${zone.slice(-2)}`;
   const at = new Date(`${y}-${mo}-${d}T${h}:${mi}:${sec}${fraction.slice(0, 4)}${offset}`);
-  // Date rolls 2026-02-30 over into March: a date that does not exist is refused instead.
-  if (Number.isNaN(at.getTime()) || Number(mo) < 1 || Number(mo) > 12 || Number(d) > new Date(Date.UTC(Number(y), Number(mo), 0)).getUTCDate() || Number(h) > 23 || Number(mi) > 59 || Number(sec) > 59) {
+  // Date rolls 2026-02-30 over into March: a date that does not exist is refused instead. So is
+  // one before year 1, which Postgres has no timestamp for.
+  if (Number.isNaN(at.getTime()) || at.getUTCFullYear() < 1 || Number(mo) < 1 || Number(mo) > 12 || Number(d) > new Date(Date.UTC(Number(y), Number(mo), 0)).getUTCDate() || Number(h) > 23 || Number(mi) > 59 || Number(sec) > 59) {
     throw invalid();
   }
   return at;
