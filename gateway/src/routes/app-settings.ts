@@ -85,7 +85,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
               maxLength: 512,
               description:
                 "`<app>:<branch>:<selector>`, consumed on the first deploy; the source must be this app or an app in the same group " +
-                "(else 404); null clears it. Refused (409 `app_running`) while the branch runs, and (409 `already_seeded`) once its first deploy has happened.",
+                "(else 404); null clears it. Refused (409 `app_running`) while the branch runs, (409 `already_seeded`) once its first deploy has happened, and (409 `clone_data_scheduled`) on a branch registered with `clone_data_from_branch`.",
             },
             visibility: { type: "string", enum: ["public", "private"] },
             force_remove_domains: { type: "boolean", description: "Accepted; needed to flip private while custom domains are attached." },
@@ -93,7 +93,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
         },
         response: {
           200: { $ref: "App#" },
-          409: refusal("`app_running`: a seed reference on a running branch; `already_seeded`: on a branch whose first deploy has happened."),
+          409: refusal("`app_running`: a seed reference on a running branch; `already_seeded`: on a branch whose first deploy has happened; `clone_data_scheduled`: on a branch with a data copy scheduled."),
           ...authErrors,
           ...bodyErrors,
         },

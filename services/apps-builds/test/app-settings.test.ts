@@ -282,6 +282,14 @@ describe("PATCH an app", () => {
       await patch({ seed_from_reference: null });
       await setRow("web", "main", { firstDeployedAt: null });
     });
+
+    it("refuses a reference on a branch registered with a data copy scheduled (409): a first deploy restores from one source", async () => {
+      await setRow("web", "main", { cloneData: { source_branch: "staging", components: { db: true, drives: true, buckets: true } } });
+      const r = await refusal(patch({ seed_from_reference: "web:staging:latest" }));
+      expect(r).toMatchObject({ status: 409, detail: { code: "clone_data_scheduled", clone_data_from_branch: "staging" } });
+      expect((await row("web", "main")).seedFromReference).toBeNull();
+      await setRow("web", "main", { cloneData: null });
+    });
   });
 
   it("refuses unknown fields (422) and applies nothing of the body", async () => {

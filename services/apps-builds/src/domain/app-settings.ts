@@ -314,7 +314,8 @@ export function applySettings(app: App, patch: AppPatch): void {
 /**
  * PATCH /api/apps/{app_name}?branch=: applies a body read by `readAppPatch`. 404 for an unknown
  * app or branch (another group's included); 409 `app_running` for a seed reference on a running
- * branch, `already_seeded` on one whose first deploy has happened; 404 when the seed's source is
+ * branch, `already_seeded` on one whose first deploy has happened, `clone_data_scheduled` on one
+ * registered with clone_data_from_branch; 404 when the seed's source is
  * not this app or an app of the same group.
  */
 export async function updateApp(
@@ -341,6 +342,14 @@ export async function updateApp(
         code: "already_seeded",
         message: `Branch '${app.branch}' of '${app.appName}' had its first deploy on ${app.firstDeployedAt.toISOString()}; a seed is consumed only by a first deploy, so it cannot be set now.`,
         first_deployed_at: app.firstDeployedAt.toISOString(),
+      });
+    }
+    if (app.cloneData) {
+      // As at registration, where the two exclude each other: a first deploy restores from one source.
+      throw PlatformError.conflict({
+        code: "clone_data_scheduled",
+        message: `Branch '${app.branch}' of '${app.appName}' has a data copy from branch '${app.cloneData.source_branch}' scheduled for its first deploy; a first deploy restores from one source, so a seed cannot be set too.`,
+        clone_data_from_branch: app.cloneData.source_branch,
       });
     }
     const source = await em.findOne(App, { appName: seed.parsed.app, branch: seed.parsed.branch, groupSlug: app.groupSlug });
