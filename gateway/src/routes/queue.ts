@@ -315,8 +315,8 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
             properties: {
               deployment_id: { type: "string" },
               status: { type: "string", enum: ["cancelled", "cancel_requested", "refused_past_point_of_no_return", "not_found", "not_cancellable"] },
-              cancelled: { type: "boolean" },
-              cancel_requested: { type: "boolean" },
+              cancelled: { type: "boolean", description: "Whether the action is now cancelled, by this call or an earlier one (a repeated cancel: `not_cancellable` with `cancelled` true)." },
+              cancel_requested: { type: "boolean", description: "Whether a cancel was asked of the action in flight, by this call or an earlier one." },
               queue_status: nullable,
               dependents_cancelled: { type: "array", items: { type: "string" } },
               app_name: nullable,
