@@ -119,7 +119,7 @@ export const appSchema = {
     },
     build_count: { type: "integer" },
     running_version: nullableString,
-    running_build_id: { ...nullableString, description: "The build whose own deploy (queued by that build) runs now; null for a deploy of a tag by hand, a redeploy, a scale or a retry (not reported, never a guess)." },
+    running_build_id: { ...nullableString, description: "The build that made the running release (also after a redeploy or scale of its tag); null for a retry or when no build of the tag is known (not reported, never a guess)." },
     running_since: nullableString,
     urls: {
       type: "array",

@@ -32,8 +32,6 @@ export interface DeployActionUpdate {
   group_slug: string;
   image_tag?: string | null;
   build_id?: string | null;
-  /** The action it waited for: on the deploy a build queued, that build. */
-  depends_on?: string | null;
   error_message?: string | null;
   /** Null while no agent has claimed the action: one that ends unclaimed never ran. */
   claimed_at?: string | null;
@@ -119,9 +117,7 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
         app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
         app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
         app.firstDeployedAt ??= app.runningSince;
-        // Spec 2.1 rule 5: only the deploy a build queued is attributed to it; a deploy of a tag,
-        // a redeploy, a scale or a retry reports null (not reported, never a guess).
-        app.runningBuildId = u.action_type === "DEPLOY" && u.build_id && u.depends_on === u.build_id ? u.build_id : null;
+        app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
         app.runningMounts = mountsOf(u.result);
       }
       return app;
