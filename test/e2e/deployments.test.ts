@@ -211,6 +211,29 @@ describe("a build deployed by the agent", () => {
     expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
     expect((await getApp()).deploy_status).toBe("running");
   });
+
+  it("places a deploy on the host an operator's placement plan names; a tenant's plan is 403 and an unknown host 422, nothing queued", async () => {
+    const before = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total;
+    const tenant = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, placement_plan: { host: "anywhere" } } });
+    expect(tenant).toMatchObject({ status: 403, body: { detail: expect.stringContaining("placement_plan is for platform operators") } });
+    const asOperator = (body: Record<string, unknown>) => call(api, "POST", "/deployments?group=acme", { credential: fleet.rootKey, body: { app_name: APP, ...body } });
+    expect(await asOperator({ placement_plan: { host: "no-such-host" } })).toMatchObject({ status: 422, body: { detail: expect.stringContaining("no agent host") } });
+    expect((await asOperator({ placement_plan: { zone: "eu" } })).status).toBe(422);
+    expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
+
+    const latest = (await call(api, "GET", `/deployments?app_name=${APP}&group=acme`, { credential: fleet.rootKey })).body.items[0];
+    const host = Object.keys(latest.instance_status)[0]!;
+    const placed = await asOperator({ placement_plan: { host } });
+    expect(placed.status).toBe(202);
+    const done = await waitFor(
+      async () => (await call(api, "GET", `/deployments/${placed.body.deployment_id}?group=acme`, { credential: fleet.rootKey })).body,
+      (d) => ["completed", "failed", "cancelled"].includes(d.status),
+      60_000,
+    );
+    expect(done).toMatchObject({ status: "completed", placement_plan: { host }, instance_status: { [host]: "running" } });
+    expect((await call(api, "GET", `/deployments/queue/${placed.body.deployment_id}`, { credential: fleet.rootKey })).body.deploy_warnings).toEqual([]);
+    expect((await call(api, "GET", `/deployments/${placed.body.deployment_id}`, { credential: acme })).body.placement_plan).toBeNull();
+  });
 });
 
 describe("save-config on a running app", () => {

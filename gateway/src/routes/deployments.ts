@@ -126,7 +126,13 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
               items: { type: "string" },
               description: "Names of services the release's config declares, to deploy only those; every service when omitted or empty. The other services the config declares keep running the release they run (their replicas are not restarted). A name it does not declare is 400 `service_not_declared`.",
             },
-            placement_plan: { type: "object", additionalProperties: true, description: "Operator placement hints." },
+            placement_plan: {
+              type: "object",
+              additionalProperties: true,
+              description:
+                "Platform operators only (403 for anyone else): `{host}`, the agent host id to deploy on (422 for another key or a host the platform has never heard from). " +
+                "A host that is not live and schedulable is passed over: the deploy is placed as usual and its `deploy_warnings` say so.",
+            },
             aliases: {
               type: "array",
               items: { type: "string" },

@@ -17,7 +17,7 @@ import { queueStatus } from "./domain/lifecycle.ts";
 import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, lockedRetryTarget, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, lockScaleTarget, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
-import type { Dispatched } from "./domain/placement.ts";
+import { checkPlacementPlan, type Dispatched } from "./domain/placement.ts";
 import { publishDispatched } from "./workers.ts";
 import { getVisibleAction } from "./domain/lookup.ts";
 import { prioritize } from "./domain/prioritize.ts";
@@ -223,6 +223,10 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async queueDeployment(req) {
         const caller = requireCaller(req.caller);
+        const raw = parseJson(req.placementPlanJson, "placement_plan");
+        if (raw !== null && (typeof raw !== "object" || Array.isArray(raw))) throw PlatformError.invalid("placement_plan must be an object such as {\"host\": \"<agent host id>\"}.");
+        // Refused before anything is read: a tenant does not choose hosts.
+        const placementPlan = checkPlacementPlan(caller, raw as Record<string, unknown> | null);
         const release = await apps.resolveRelease({
           caller,
           appName: req.appName,
@@ -232,7 +236,6 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         });
         checkStaticSiteFields(req.staticSiteFields, release.configJson, release.appName);
         const services = requestedServices(parseJson(req.servicesJson, "services"), release.configJson);
-        const plan = parseJson(req.placementPlanJson, "placement_plan");
         const dispatched: Dispatched[] = [];
         const action = await ctx.write((em) =>
           queueDeployment(
@@ -249,7 +252,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             },
             {
               services,
-              placementPlan: plan && typeof plan === "object" && !Array.isArray(plan) ? (plan as Record<string, unknown>) : null,
+              placementPlan,
               reason: req.reason || "api",
             },
             new Date(),

@@ -11,12 +11,12 @@ import { randomUUID } from "node:crypto";
 import type { EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
-import { Action, HistoryRecord } from "../entities/index.ts";
+import { Action, Agent, HistoryRecord } from "../entities/index.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES, isDeploymentType } from "./history.ts";
 import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
-import { dispatch, type Dispatched } from "./placement.ts";
+import { dispatch, type Dispatched, type PlacementPlan } from "./placement.ts";
 import { SWAP_COMMIT_PHASE } from "./point-of-no-return.ts";
 
 /** Phases the agent reports on a DEPLOY (agent/src/deployer.ts), in order. */
@@ -108,7 +108,8 @@ export function requestedServices(services: unknown, configJson: string): string
 
 export interface DeploymentInput {
   services: string[] | null;
-  placementPlan: Record<string, unknown> | null;
+  /** Checked with checkPlacementPlan. */
+  placementPlan: PlacementPlan | null;
   reason: string;
 }
 
@@ -121,6 +122,10 @@ export async function queueDeployment(
   now: Date,
   dispatched?: Dispatched[],
 ): Promise<Action> {
+  const plan = input.placementPlan;
+  if (plan && !(await em.findOne(Agent, { hostId: plan.host }, { fields: ["hostId"] }))) {
+    throw PlatformError.invalid(`placement_plan.host '${plan.host}' is no agent host of this platform.`);
+  }
   const id = randomUUID();
   const build = release.buildId ? await em.findOne(Action, { id: release.buildId }) : null;
   const action = em.create(Action, {
@@ -144,15 +149,18 @@ export async function queueDeployment(
       config_path: release.configPath,
       previous_tag: release.runningVersion ?? null,
       services: input.services,
-      placement_plan: input.placementPlan,
+      placement_plan: plan,
       reason: input.reason,
     },
     createdBy: actorOf(caller),
     createdAt: now,
     updatedAt: now,
   });
-  // The image is in the store of the host that built it.
-  await dispatch(em, action, now, { preferHost: build?.claimedBy ?? null, dispatched });
+  // The image is in the store of the host that built it; an operator's plan names another.
+  const host = await dispatch(em, action, now, { preferHost: plan?.host ?? build?.claimedBy ?? null, dispatched });
+  if (plan && host !== plan.host) {
+    action.deployWarnings.push(`placement_plan named host ${plan.host}, which is not live and schedulable; the deploy was placed ${host ? `on ${host}` : "for the first agent to take it"}.`);
+  }
   announce(em, action, now);
   return action;
 }

@@ -6,10 +6,13 @@
  *
  * Placement picks a live, schedulable agent with the fewest in-flight (claimed) actions, then the
  * fewest queued actions already dispatched to it, then by host_id. A dependent action goes to the
- * host of its dependency when that host is live (the image is already there).
+ * host of its dependency when that host is live (the image is already there); a deploy an
+ * operator gave a placement plan goes to the plan's host when that host is live.
  */
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
+import type { Caller } from "@platform/caller";
+import { PlatformError } from "@platform/errors";
 import { Action } from "../entities/index.ts";
 import { LIVE_WINDOW_MS, isLive } from "./agents.ts";
 import type { ActionUpdated } from "./events.ts";
@@ -22,6 +25,25 @@ export interface AgentLoad {
   inFlight: number;
   /** Queued actions dispatched to this host, not claimed yet. */
   assigned: number;
+}
+
+/** An operator's `placement_plan` of POST /api/deployments: the agent host to deploy on. */
+export interface PlacementPlan {
+  host: string;
+}
+
+/**
+ * A placement plan is for platform operators (403 for anyone else): the platform places a
+ * tenant's deploys. Its one key is `host`, an agent's host id (422 otherwise).
+ */
+export function checkPlacementPlan(caller: Caller, raw: Record<string, unknown> | null): PlacementPlan | null {
+  if (raw === null) return null;
+  if (!caller.platformOperator) throw PlatformError.forbidden("placement_plan is for platform operators: the platform places a tenant's deploys.");
+  const unknown = Object.keys(raw).filter((k) => k !== "host");
+  if (unknown.length > 0) throw PlatformError.invalid(`placement_plan takes only host; it has ${unknown.map((k) => `'${k}'`).join(", ")}.`);
+  const host = typeof raw.host === "string" ? raw.host.trim() : "";
+  if (!host) throw PlatformError.invalid("placement_plan.host must be the host id of an agent.");
+  return { host };
 }
 
 /** The host to dispatch to, or null for `work.any`. Pure: the caller supplies the loads. */
