@@ -75,7 +75,7 @@ describe("repositories", () => {
 
   it("normalises the forms of one repository to one key", () => {
     const key = "github.com/acme/web";
-    for (const url of ["https://GitHub.com/Acme/Web.git/", "ssh://git@github.com/acme/web", "ssh://git@github.com:22/acme/web", "git@github.com:acme/web.git", "http://github.com/acme/web", "https://github.com:443/acme/web", "https://www.GitHub.com/acme/web"]) {
+    for (const url of ["https://GitHub.com/Acme/Web.git/", "ssh://git@github.com/acme/web", "ssh://git@github.com:22/acme/web", "git@github.com:acme/web.git", "http://github.com/acme/web", "https://github.com:443/acme/web", "https://www.GitHub.com/acme/web", "https://github.com/acme//web", "git@github.com:acme//web.git"]) {
       expect(normalizeRepository(url), url).toBe(key);
     }
     expect(normalizeRepository("https://github.com/acme/api")).not.toBe(key);

@@ -62,6 +62,7 @@ export function normalizeRepository(repository: string): string {
     // ssh's own port is no part of which repository it is (https's and http's the URL drops itself).
     host = url.protocol === "file:" ? "file" : url.protocol === "ssh:" && url.port === "22" ? url.hostname : url.host;
   }
-  path = path.replace(/\/+$/, "").replace(/\.git$/i, "").replace(/^\/+/, "");
+  // Git hosts read `a//b` as `a/b`: one repository, however many slashes.
+  path = path.replace(/\/{2,}/g, "/").replace(/\/+$/, "").replace(/\.git$/i, "").replace(/^\/+/, "");
   return `${host.toLowerCase().replace(/^www\./, "")}/${path.toLowerCase()}`;
 }
