@@ -374,6 +374,8 @@ describe("set-production", () => {
     expect((await row("web", "main")).isProduction).toBe(false);
     // The default branch of app routes follows.
     expect((await client.getApp({ caller: acme, appName: "web" })).branch).toBe("staging");
+    // An app route reads its name as POST /api/builds does: `WEB` names `web`.
+    expect(await client.getApp({ caller: acme, appName: "WEB", branch: "main" })).toMatchObject({ appName: "web", branch: "main" });
     expect((await client.listBranches({ caller: acme, appName: "web" })).branches.map((b) => [b.branch, b.isProduction])).toEqual([
       ["staging", true],
       ["main", false],

@@ -9,7 +9,7 @@ import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRo
 import { subjects, type BuildRequested } from "@platform/bus";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
-import { appNameFrom, sanitizeName } from "./naming.ts";
+import { appNameFrom, routeAppName } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { checkConfigPath, registerApp, registrationHolder } from "./registration.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
@@ -390,8 +390,7 @@ export async function listBuilds(em: EntityManager, caller: Caller, f: BuildFilt
   if (f.offset < 0) throw PlatformError.invalid("offset must be 0 or more.");
   const where: Record<string, unknown> = { ...visibleGroupFilter(caller) };
   if (!caller.platformOperator && !canSeeGroup(caller, caller.selectedGroup)) return { items: [], total: 0 };
-  // Read as POST /api/builds reads it: `Node Web` names the app `node-web`.
-  if (f.appName) where.appName = sanitizeName(f.appName) || f.appName;
+  if (f.appName) where.appName = routeAppName(f.appName);
   if (f.branch) where.branch = f.branch;
   if (f.since) where.createdAt = { $gte: parseSince(f.since) };
   const [items, total] = await em.findAndCount(Build, where, { orderBy: { createdAt: "desc", id: "asc" }, limit: f.limit, offset: f.offset });

@@ -20,6 +20,11 @@ export function sanitizeName(input: string): string {
     .replace(/-+$/g, "");
 }
 
+/** The app an `app_name` of a route names: read as POST /api/builds reads it (`WEB` names `web`). */
+export function routeAppName(appName: string): string {
+  return sanitizeName(appName) || appName;
+}
+
 export function appNameFrom(input: string): string {
   const raw = input.trim();
   // Characters as the gateway's schema counts them: code points, not UTF-16 units.
