@@ -110,6 +110,9 @@ describe("a build deployed by the agent", () => {
     const history = await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme });
     expect(history.body.items[0]).toMatchObject({ deployment_id: id, status: "completed", image_tag: first.tag, env_vars_snapshot: { GREETING: "hello-vars" } });
     expect(history.body.items[0].duration_seconds).toEqual(expect.any(Number));
+    // Slugs are lower case: NODE-WEB names the app node-web, as in every other route.
+    expect((await call(api, "GET", `/deployments?app_name=${APP.toUpperCase()}`, { credential: acme })).body).toEqual(list.body);
+    expect((await call(api, "GET", `/deployments/history?app_name=${APP.toUpperCase()}`, { credential: acme })).body).toEqual(history.body);
   });
 
   it("ships deploy and container logs", async () => {

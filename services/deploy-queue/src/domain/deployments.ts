@@ -184,7 +184,7 @@ export async function listDeployments(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: q.appName } : {}) };
+  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: q.appName.toLowerCase() } : {}) };
   const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
@@ -207,7 +207,7 @@ export async function listHistory(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: q.appName }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
+  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: q.appName.toLowerCase() }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
 
