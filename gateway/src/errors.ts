@@ -2,7 +2,7 @@
  * The one HTTP mapping of errors: every failure leaves as `{detail}` (spec doc 1 section 7).
  * 5xx bodies never carry internals; the log does.
  */
-import { STATUS_CODES } from "node:http";
+import { STATUS_CODES, type IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import type { FastifyError, FastifyInstance } from "fastify";
 import { PlatformError } from "@platform/errors";
@@ -44,8 +44,36 @@ export function clientErrorHandler(err: NodeJS.ErrnoException, socket: Socket): 
   );
 }
 
+/** How much of a body too large is read and dropped before it is refused; past it the refusal goes at once. */
+const DRAIN_MAX_BYTES = 16 * 1024 * 1024;
+
+/**
+ * The rest of a body too large is read and dropped before it is refused: a client still sending
+ * it would otherwise meet a closed connection (a broken pipe) instead of the answer. The
+ * connection closes after the answer, so it is never read as a next request.
+ */
+function drainRejectedBody(raw: IncomingMessage): Promise<void> {
+  if (raw.readableEnded || raw.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    let seen = 0;
+    const done = () => {
+      raw.off("data", onData);
+      resolve();
+    };
+    const onData = (chunk: Buffer) => {
+      seen += chunk.length;
+      if (seen > DRAIN_MAX_BYTES) done();
+    };
+    raw.on("data", onData);
+    raw.once("end", done);
+    raw.once("close", done);
+    raw.once("error", done);
+    raw.resume();
+  });
+}
+
 export function registerErrorHandling(app: FastifyInstance): void {
-  app.setErrorHandler((err: FastifyError, request, reply) => {
+  app.setErrorHandler(async (err: FastifyError, request, reply) => {
     const platform = platformErrorOf(err);
     if (platform) {
       if (platform.status >= 500) request.log.error({ err }, "request failed");
@@ -58,6 +86,8 @@ export function registerErrorHandling(app: FastifyInstance): void {
     }
     switch (err.code) {
       case "FST_ERR_CTP_BODY_TOO_LARGE": {
+        await drainRejectedBody(request.raw);
+        reply.header("connection", "close");
         // A route whose spec makes "too large" one of its 422 refusals (the config save) says it so.
         if (request.routeOptions.config?.tooLargeIs422) {
           const message = "The request body is larger than the gateway takes; a config is at most 64 KiB.";
