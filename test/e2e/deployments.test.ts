@@ -49,6 +49,23 @@ async function buildAndDeploy(): Promise<{ tag: string; buildId: string; deploy:
   return { tag: b.body.tag, buildId: b.body.build_id, deploy };
 }
 
+const LISTEN = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
+
+/**
+ * Commits a server that starts listening only `ms` after it starts, builds it with auto-deploy,
+ * and resolves with its deploy's id once that deploy waits in its health check.
+ */
+async function deployWaitingForHealth(message: string, ms: number): Promise<string> {
+  expect(serverJs).toContain(LISTEN);
+  await web.commit(message, { "server.js": serverJs.replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, ${ms});`) });
+  const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+  return waitFor(
+    async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.status === "setup_in_progress" && d.phase === "health_check")?.id as string | undefined,
+    (id) => !!id,
+    120_000,
+  ) as Promise<string>;
+}
+
 beforeAll(async () => {
   fleet = await startTestFleet();
   api = fleet.api;
@@ -288,16 +305,8 @@ describe("cancel", () => {
 
   it("stops an in-flight deploy before the swap, during its health check; the running version keeps serving", async () => {
     const serving = (await getApp()).running_version;
-    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
-    expect(serverJs).toContain(listen);
     // It would answer only long after the health check's timeout: the deploy ends cancelled, not failed.
-    await web.commit("slow", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 600000);`) });
-    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
-    const deployId = await waitFor(
-      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.status === "setup_in_progress" && d.phase === "health_check")?.id,
-      (id) => !!id,
-      120_000,
-    );
+    const deployId = await deployWaitingForHealth("slow", 600_000);
     // In flight, its phases so far are those its agent has shipped.
     const live = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body, (l) => l.phases.length >= 2, 15_000);
     expect(live.phases.map((p: { name: string }) => p.name).slice(0, 2)).toEqual(["setup", "start"]);
@@ -402,14 +411,7 @@ describe("recovery", () => {
     const app = await getApp();
     const url = app.urls[0] as string;
     const serving = (await viaRouter(`${url}/`)).body;
-    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
-    await web.commit("slow again", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 8000);`) });
-    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
-    const deployId = await waitFor(
-      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.phase === "health_check")?.id,
-      (id) => !!id,
-      120_000,
-    );
+    const deployId = await deployWaitingForHealth("slow again", 8000);
     await fleet.restart("agent");
     expect(await viaRouter(`${url}/`)).toEqual({ status: 200, body: serving });
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 60_000);
@@ -500,15 +502,8 @@ describe("scale, primary services and visibility", () => {
 
   it("applies a flip to private asked for during a deploy's health check at once, and keeps it past the deploy's swap", async () => {
     const url = (await getApp()).urls[0] as string;
-    const listen = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
     // It answers its health check only after a while: the flip comes while the deploy waits for it.
-    await web.commit("slow start", { "server.js": serverJs.replace(listen, `setTimeout(() => ${listen.slice(0, -1)}, 9000);`) });
-    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
-    const deployId = await waitFor(
-      async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === b.body.tag && d.phase === "health_check")?.id,
-      (id) => !!id,
-      120_000,
-    );
+    const deployId = await deployWaitingForHealth("slow start", 9000);
     expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "private" } })).status).toBe(200);
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(404);
     // The running release lost its public route before the new one passed its checks.
