@@ -12,8 +12,9 @@
  *    newer one. So is it when an undeploy asked for after it has started: the build it waited
  *    for must not bring back what the undeploy took down;
  * 4. app lane: one action that changes what runs (DEPLOY, UNDEPLOY, ...) per app and branch at
- *    a time, so two blue/green swaps of one app never race; and in order: a ready one that goes before it (higher priority, then older) goes
- *    first, so a restart then a stop end stopped however an agent's claims of them interleave;
+ *    a time, so two blue/green swaps of one app never race; and in order: a ready one that goes
+ *    before it (higher priority, then older) goes first, so a restart then a stop end stopped
+ *    however an agent's claims of them interleave;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
  * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
  *    higher priority (then the older) goes first.
