@@ -669,10 +669,10 @@ export class Deployer {
     // Marked first: a deploy of the branch in flight reads its front doors again before its swap.
     await d.state.markFrontDoorsChanged(job.app_name, job.branch, Date.now());
     const app = d.state.appOf(job.app_name, job.branch);
-    if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: "Nothing of this branch runs on this host." } } };
+    let message = "Nothing of this branch runs on this host.";
+    if (!app) return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };
     const readAt = Date.now();
     const release = await d.resolve({ ...job, image_tag: app.tag });
-    let message = "Nothing of this branch runs on this host.";
     await d.routingTableLock.run(async () => {
       // A deploy's swap may have replaced the record meanwhile, with front doors read after these.
       const current = d.state.appOf(job.app_name, job.branch);

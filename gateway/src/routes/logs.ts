@@ -74,7 +74,6 @@ interface LogsQuery {
   branch?: string;
 }
 
-/** Whether the caller sees the app on the branch; an app it cannot see there reads as an unknown one. */
 /**
  * The log service not answering (down, or past its deadline) is the log store being unreachable to
  * the caller: the spec's 200 with empty logs and an `error` text, as when the service cannot read
@@ -86,6 +85,7 @@ function logStoreUnreachable(err: unknown): Pick<QueryLogsResponse, "logs" | "to
   return { logs: [], total: 0, hasMore: false, error: `The log store ${why}; try again in a moment.`, reason: undefined };
 }
 
+/** Whether the caller sees the app on the branch; an app it cannot see there reads as an unknown one. */
 async function seesAppOn(apps: Client<typeof AppsBuildsService>, caller: Caller, appName: string, branch: string): Promise<boolean> {
   try {
     await apps.getApp({ caller, appName, branch });

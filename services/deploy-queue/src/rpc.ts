@@ -223,10 +223,8 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async queueDeployment(req) {
         const caller = requireCaller(req.caller);
-        const raw = parseJson(req.placementPlanJson, "placement_plan");
-        if (raw !== null && (typeof raw !== "object" || Array.isArray(raw))) throw PlatformError.invalid("placement_plan must be an object such as {\"host\": \"<agent host id>\"}.");
         // Refused before anything is read: a tenant does not choose hosts.
-        const placementPlan = checkPlacementPlan(caller, raw as Record<string, unknown> | null);
+        const placementPlan = checkPlacementPlan(caller, parseJson(req.placementPlanJson, "placement_plan"));
         const release = await apps.resolveRelease({
           caller,
           appName: req.appName,

@@ -15,7 +15,7 @@ import { Action, Agent, HistoryRecord } from "../entities/index.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES, isDeploymentType } from "./history.ts";
-import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
+import { appNameFilter, canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
 import { dispatch, type Dispatched, type PlacementPlan } from "./placement.ts";
 import { SWAP_COMMIT_PHASE } from "./point-of-no-return.ts";
 
@@ -184,7 +184,7 @@ export async function listDeployments(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: q.appName.toLowerCase() } : {}) };
+  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: appNameFilter(q.appName) } : {}) };
   const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
@@ -207,7 +207,7 @@ export async function listHistory(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: q.appName.toLowerCase() }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
+  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: appNameFilter(q.appName) }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
 

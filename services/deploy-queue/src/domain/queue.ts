@@ -12,7 +12,7 @@ import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action, Agent } from "../entities/index.ts";
 import { LIVE_STATUSES } from "./lifecycle.ts";
-import { dependencyStatuses } from "./lookup.ts";
+import { appNameFilter, dependencyStatuses } from "./lookup.ts";
 import { stuckClass, type StuckClass } from "./stuck.ts";
 
 export const QUEUE_LIMIT = { min: 1, max: 500, default: 100 } as const;
@@ -67,8 +67,7 @@ export async function listQueue(em: EntityManager, caller: Caller, f: ListFilter
     if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return [];
     where.groupSlug = caller.selectedGroup;
   }
-  // Slugs are lower case: WEB names the app web, as everywhere else.
-  if (f.appName) where.appName = f.appName.toLowerCase();
+  if (f.appName) where.appName = appNameFilter(f.appName);
   if (!f.all) where.status = { $in: [...LIVE_STATUSES] };
   const excluded = normalizeTypes(f.excludeTypes);
   if (excluded.length > 0) where.actionType = { $nin: excluded };
