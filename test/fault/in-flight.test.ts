@@ -1,0 +1,106 @@
+/**
+ * Fault injection: a control-plane service killed (SIGKILL) while an agent does the work it was
+ * given. The agent goes on; what it reports waits on the bus (log lines in the LOGS stream, action
+ * progress in the work events) until the service is back, which then takes it exactly once:
+ * - health-aggregator killed while a build prints: every line of the build is stored, once;
+ * - apps-builds killed while a build runs: the build is recorded completed, with its commit;
+ * - deploy-queue killed during a deploy's health check: the deployment completes and the app
+ *   serves the new release.
+ */
+import { readFile } from "node:fs/promises";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startTestFleet, type TestFleet } from "@platform/testing";
+import { FIXTURES_DIR, makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { call, viaRouter, waitFor } from "../e2e/support.ts";
+
+const APP = "node-web";
+const LINES = 60;
+/** A build that prints LINES numbered lines, 50 ms apart. */
+const COUNT_JS = `let i = 0;\nconst t = setInterval(() => {\n  console.log("count " + ++i);\n  if (i === ${LINES}) clearInterval(t);\n}, 50);\n`;
+const LISTEN = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
+
+let fleet: TestFleet;
+let api: string;
+let acme: string;
+let web: FixtureRepo;
+let serverJs: string;
+
+beforeAll(async () => {
+  fleet = await startTestFleet();
+  api = fleet.api;
+  await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug: "acme" } });
+  acme = (await call(api, "POST", "/keys", { credential: fleet.rootKey, body: { name: "acme", scope: "admin", group: "acme" } })).body.key;
+  const config = await readFile(path.join(FIXTURES_DIR, "node-web", "platform.yaml"), "utf8");
+  expect(config).toContain("build: node build.js");
+  web = await makeFixtureRepo("node-web", { files: { "count.js": COUNT_JS, "platform.yaml": config.replace("build: node build.js", "build: node count.js") } });
+  serverJs = await readFile(path.join(web.dir, "server.js"), "utf8");
+  expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } })).status).toBe(201);
+  await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.preflight_status, (s) => s === "ready", 60_000);
+});
+
+afterAll(async () => {
+  await fleet?.stop();
+  await web?.cleanup();
+});
+
+/** Starts a build and resolves once its build command runs on the agent. */
+async function buildRunning(autoDeploy: boolean): Promise<{ buildId: string; tag: string }> {
+  const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: autoDeploy } });
+  expect(b.status).toBe(202);
+  await waitFor(async () => (await call(api, "GET", `/deployments/queue/${b.body.action_id}`, { credential: acme })).body.phase, (p) => p === "build:web", 60_000);
+  return { buildId: b.body.build_id, tag: b.body.tag };
+}
+
+async function buildFinished(buildId: string) {
+  return waitFor(async () => (await call(api, "GET", `/builds/id/${buildId}`, { credential: acme })).body, (b) => ["completed", "failed", "cancelled"].includes(b.status), 90_000);
+}
+
+describe("a service killed while the agent works", () => {
+  it("health-aggregator killed while a build prints: every line is stored once", async () => {
+    const { buildId } = await buildRunning(false);
+    await fleet.restart("health-aggregator");
+    expect((await buildFinished(buildId)).status).toBe("completed");
+    const counted = async () => {
+      const r = await call(api, "GET", `/logs?build_id=${buildId}&source=build&limit=1000&since=1h`, { credential: acme });
+      expect(r.status).toBe(200);
+      return (r.body.logs as Array<{ message: string }>).map((l) => l.message).filter((m) => /^count \d+$/.test(m));
+    };
+    const lines = await waitFor(counted, (ls) => ls.length >= LINES, 30_000);
+    expect(lines.map((m) => Number(m.slice("count ".length))).sort((a, b) => a - b)).toEqual(Array.from({ length: LINES }, (_, i) => i + 1));
+  });
+
+  it("apps-builds killed while a build runs: the build is recorded completed, with its commit", async () => {
+    const { buildId } = await buildRunning(false);
+    await fleet.restart("apps-builds");
+    const build = await buildFinished(buildId);
+    expect(build).toMatchObject({ status: "completed", commit_hash: web.head, error_message: null });
+    expect(build.completed_at).toEqual(expect.any(String));
+    const { log } = (await call(api, "GET", `/builds/id/${buildId}/logs`, { credential: acme })).body;
+    expect(log).toContain(`count ${LINES}`);
+    expect((await call(api, "GET", `/apps/${APP}`, { credential: acme })).body).toMatchObject({ last_build_status: "completed" });
+  });
+
+  it("deploy-queue killed during a deploy's health check: the deploy completes and the app serves it", async () => {
+    expect(serverJs).toContain(LISTEN);
+    await web.commit("slow start", {
+      "server.js": serverJs.replace("hello from node-web", "hello after the fault from node-web").replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, 4000);`),
+    });
+    const { tag } = await buildRunning(true);
+    const deployId = await waitFor(
+      async () =>
+        (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
+          (d: any) => d.image_tag === tag && d.status === "setup_in_progress" && d.phase === "health_check",
+        )?.id as string | undefined,
+      (id) => !!id,
+      120_000,
+    );
+    await fleet.restart("deploy-queue");
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 90_000);
+    expect(done).toMatchObject({ status: "completed", image_tag: tag, error_message: null });
+    const app = await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body, (a) => a.running_version === tag, 30_000);
+    expect(app).toMatchObject({ deploy_status: "running", last_deploy_status: "completed" });
+    const answer = await viaRouter(app.urls[0]);
+    expect(answer).toMatchObject({ status: 200, body: "hello after the fault from node-web (/)\n" });
+  });
+});
