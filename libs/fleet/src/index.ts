@@ -9,6 +9,7 @@ export {
   probeNats,
   aptInstall,
   stopPid,
+  natsServerBin,
   InfrastructureError,
   type InfrastructureOptions,
   type StartedInfrastructure,

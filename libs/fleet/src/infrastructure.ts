@@ -174,7 +174,7 @@ function postgresBinDir(): string | undefined {
   return undefined;
 }
 
-function natsServerBin(): string | undefined {
+export function natsServerBin(): string | undefined {
   return which("nats-server", ["/usr/sbin", "/usr/local/bin", "/usr/bin", "/usr/local/sbin"]);
 }
 

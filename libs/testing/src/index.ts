@@ -144,6 +144,8 @@ export interface TestFleetOptions {
   rootKey?: string;
   /** Start the agent (default true). */
   agent?: boolean;
+  /** The NATS server the fleet uses (default the machine's, `NATS_URL` or 127.0.0.1:4222). */
+  natsUrl?: string;
   /** How long one process may take to become ready (default 120 s). */
   readyTimeoutMs?: number;
   /**
@@ -197,7 +199,7 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
   const replicas = options.gatewayReplicas ?? 1;
   if (!Number.isInteger(replicas) || replicas < 1) throw new Error(`gatewayReplicas must be a whole number >= 1 (got ${replicas})`);
   const busPrefix = uniquePrefix("t");
-  const natsUrl = testNatsUrl();
+  const natsUrl = options.natsUrl ?? testNatsUrl();
   const databaseUrl = await createTestDatabase({ name: `${TEST_DATABASE_PREFIX}${busPrefix.slice(1)}` });
   const rootKey = options.rootKey ?? generateRootKey();
   const processPorts = 8 + replicas + 1;
