@@ -21,9 +21,10 @@ import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { MAX_CONFIG_BYTES, parseAppConfigYaml, type ConfigProblem } from "@platform/app-config";
-import { subjects, type Bus, type Subscription } from "@platform/bus";
+import { answerWorking, subjects, type Bus, type Subscription } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import { extractTraceContext, withSpan, SpanKind } from "@platform/telemetry";
+import { errorText } from "./error-text.ts";
 
 /** The op token of the subjects: `agent.rpc.<host_id>.git_preflight`, `agent.rpc.any.git_preflight`. */
 export const GIT_PREFLIGHT_OP = "git_preflight";
@@ -112,7 +113,7 @@ function reply(status: PreflightStatus, reason: PreflightReason, detail: string,
 
 /** The answer when the agent itself failed: the requester gets an answer instead of a timeout. */
 export function agentErrorReply(err: unknown): GitPreflightReply {
-  const message = err instanceof Error ? err.message : String(err);
+  const message = errorText(err);
   return reply("no_access", "agent_error", `The agent could not run the preflight: ${message}`);
 }
 
@@ -588,7 +589,8 @@ export function serveGitPreflight(opts: GitPreflightServerOptions): GitPreflight
       result = await withSpan(
         "agent.rpc git_preflight",
         { kind: SpanKind.SERVER, parent, attributes: { "messaging.system": "nats", "messaging.destination.name": msg.subject } },
-        () => limit(() => gitPreflight(decodeRequest(msg), opts.deps)),
+        // Waiting for a slot counts as working: the requester hears the agent is alive.
+        () => answerWorking(msg, () => limit(() => gitPreflight(decodeRequest(msg), opts.deps))),
       );
     } catch (err) {
       logger.error({ err, subject: msg.subject }, "git preflight failed in the agent");

@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { agentEnv, loadConfig } from "@platform/config";
 import { createLogger } from "@platform/logger";
-import { connectBus, subjects, type Bus } from "@platform/bus";
+import { AGENT_RPC_WORKING_HEADER, connectBus, requestOfAgent, subjects, type Bus } from "@platform/bus";
 import { deleteBusStreams, testNatsUrl, uniquePrefix } from "@platform/testing";
 import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
 import { build, type Agent } from "../src/app.ts";
@@ -46,7 +46,7 @@ async function client(prefix: string): Promise<Bus> {
 }
 
 async function request(bus: Bus, subject: string, body: unknown, raw = false): Promise<GitPreflightReply> {
-  const reply = await bus.nc.request(bus.subject(subject), raw ? (body as string) : JSON.stringify(body), { timeout: 45_000 });
+  const reply = await requestOfAgent(bus.nc, bus.subject(subject), raw ? (body as string) : JSON.stringify(body), { timeoutMs: 45_000 });
   return reply.json<GitPreflightReply>();
 }
 
@@ -107,6 +107,22 @@ describe("one agent", () => {
     expect(reply).toMatchObject({ status: "no_access", result: { reason: "invalid_request" } });
   });
 
+  it("says it is working before it answers, so a requester can tell a live agent from a dead one", async () => {
+    const replies = await bus.nc.requestMany(bus.subject(anySubject), JSON.stringify({ repository: repo.url, branch: "main", config_path: "platform.yaml" }), {
+      strategy: "stall",
+      stall: 10_000,
+      maxWait: 10_000,
+    });
+    const seen: Array<{ working: boolean; body: string }> = [];
+    for await (const m of replies) {
+      seen.push({ working: m.headers?.has(AGENT_RPC_WORKING_HEADER) ?? false, body: m.string() });
+      if (m.data.length > 0) break;
+    }
+    expect(seen[0]).toEqual({ working: true, body: "" });
+    expect(seen.at(-1)!.working).toBe(false);
+    expect(JSON.parse(seen.at(-1)!.body)).toMatchObject({ status: "ready" });
+  });
+
   it("answers several requests at once", async () => {
     const replies = await Promise.all(
       Array.from({ length: 6 }, (_, i) => request(bus, anySubject, { repository: repo.url, branch: i % 2 ? "main" : "nope", config_path: "platform.yaml" })),
@@ -117,7 +133,7 @@ describe("one agent", () => {
   it("stops answering once closed", async () => {
     await agent.close();
     agents.splice(agents.indexOf(agent), 1);
-    await expect(bus.nc.request(bus.subject(subjects.agentRpc(hostId, GIT_PREFLIGHT_OP)), "{}", { timeout: 5_000 })).rejects.toThrow();
+    await expect(requestOfAgent(bus.nc, bus.subject(subjects.agentRpc(hostId, GIT_PREFLIGHT_OP)), "{}", { timeoutMs: 5_000 })).rejects.toThrow(/no responders/i);
   });
 });
 
@@ -137,6 +153,8 @@ describe("two agents on the same prefix", () => {
     const received = new Map<string, GitPreflightReply[]>();
     void (async () => {
       for await (const m of inbox) {
+        // The agent's "working" messages before its answer are not answers.
+        if (m.headers?.has(AGENT_RPC_WORKING_HEADER)) continue;
         const list = received.get(m.subject) ?? [];
         list.push(m.json<GitPreflightReply>());
         received.set(m.subject, list);

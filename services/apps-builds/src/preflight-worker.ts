@@ -3,7 +3,7 @@
  * never the deploy lane) and records its answer. The request is a committed outbox event, so a
  * crash before the answer only means the event is delivered again.
  */
-import { handleOnce, runConsumer, subjects, type EventEnvelope, type RunningConsumer } from "@platform/bus";
+import { handleOnce, requestOfAgent, runConsumer, subjects, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import type { ServiceContext } from "@platform/service";
 import { App } from "./entities/index.ts";
 import { announcePreflightChecked, applyPreflightAnswer, preflightOutcome, type PreflightAnswer, type PreflightRequest } from "./domain/preflight.ts";
@@ -11,9 +11,10 @@ import { announcePreflightChecked, applyPreflightAnswer, preflightOutcome, type 
 /** Longer than the agent's own git timeouts, so the agent answers first. */
 const AGENT_TIMEOUT_MS = 90_000;
 /**
- * Preflights asked of agents at once. A request that reached an agent which then died waits out
- * AGENT_TIMEOUT_MS; one at a time, every other app's preflight (and so its builds) waited too.
- * Two preflights of one app may overlap: the nonce keeps only the newer one's answer.
+ * Preflights asked of agents at once. A request that reached an agent which then died waits
+ * until the agent's silence shows (about 17 s, see agent-rpc.ts in @platform/bus); one at a
+ * time, every other app's preflight (and so its builds) would wait too. Two preflights of one
+ * app may overlap: the nonce keeps only the newer one's answer.
  */
 const CONCURRENT_PREFLIGHTS = 16;
 
@@ -21,8 +22,6 @@ export async function startPreflightWorker(ctx: ServiceContext): Promise<Running
   const { bus } = ctx;
   // A stop does not wait out a request no agent will answer: it is asked again after a restart.
   const stopping = new AbortController();
-  const stopped = new Promise<never>((_, reject) => stopping.signal.addEventListener("abort", () => reject(new Error("preflight worker stopping")), { once: true }));
-  stopped.catch(() => undefined);
   const consumer = await runConsumer({
     bus,
     stream: subjects.streams(bus.prefix).events.name,
@@ -41,8 +40,12 @@ export async function startPreflightWorker(ctx: ServiceContext): Promise<Running
         });
         return;
       }
-      // No agent listening fails at once ("no responders"); the message is redelivered later.
-      const reply = await Promise.race([bus.nc.request(bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), { timeout: AGENT_TIMEOUT_MS }), stopped]);
+      // No agent listening fails at once ("no responders"), an agent that died holding the
+      // request once its silence shows; either way the message is redelivered later.
+      const reply = await requestOfAgent(bus.nc, bus.subject(subjects.agentRpcAny("git_preflight")), JSON.stringify(request), {
+        timeoutMs: AGENT_TIMEOUT_MS,
+        signal: stopping.signal,
+      });
       const answer = reply.json<PreflightAnswer>();
       // The agent itself failed (no git, no disk): transient, so ask again rather than record it.
       if (answer.result?.reason === "agent_error") throw new Error(`preflight agent error: ${answer.result.detail}`);
@@ -56,7 +59,7 @@ export async function startPreflightWorker(ctx: ServiceContext): Promise<Running
   });
   return {
     async stop() {
-      stopping.abort();
+      stopping.abort(new Error("preflight worker stopping"));
       await consumer.stop();
     },
   };

@@ -35,7 +35,7 @@ beforeAll(async () => {
   void (async () => {
     for await (const m of sub) {
       requests.push(m.json());
-      // An agent that died holding the request: no answer ever comes.
+      // An agent that died holding the request: no answer, nor "working", ever comes.
       if (m.json<{ repository: string }>().repository.includes("lost-by-agent")) continue;
       // The first answer is the agent failing itself; the next ones read the repository.
       m.respond(
