@@ -12,6 +12,7 @@ import { StringDecoder } from "node:string_decoder";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
+import { errorText } from "./error-text.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -361,7 +362,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     });
     await Promise.race([deps.publishImage(job.app_name, job.tag, image), outOfTime])
       .catch((err: unknown) => {
-        throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${err instanceof Error ? err.message : String(err)}`);
+        throw new BuildFailure(`Publishing the image ${job.app_name}:${job.tag} to the fleet's image store failed: ${errorText(err)}`);
       })
       .finally(() => clearTimeout(timer));
     if (job.auto_deploy && deps.releaseDir) await keepRelease(src, deps.releaseDir(job), workspace);
@@ -373,7 +374,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("warning", err.message);
       return finish("cancelled", err.message);
     }
-    const message = err instanceof BuildFailure ? err.message : `The agent failed: ${err instanceof Error ? err.message : String(err)}`;
+    const message = err instanceof BuildFailure ? err.message : `The agent failed: ${errorText(err)}`;
     emit("error", message);
     return finish("failed", message);
   } finally {

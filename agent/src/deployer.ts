@@ -28,6 +28,7 @@ import type { Mutex } from "./mutex.ts";
 import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import type { Supervisor } from "./supervisor.ts";
+import { errorText } from "./error-text.ts";
 
 export const CRASH_TAIL_LINES = 30;
 /** How often a starting replica's health path is asked. */
@@ -200,7 +201,7 @@ export class Deployer {
     const image = path.join(this.#d.imageDir, job.app_name, `${tag}.tar.gz`);
     if (!(await stat(image).catch(() => null))) {
       await this.#d.fetchImage(job.app_name, tag, image).catch((err: unknown) => {
-        const reason = err instanceof Error ? err.message : String(err);
+        const reason = errorText(err);
         throw new DeployFailure(`The image ${job.app_name}:${tag} is not in this host's image store (${this.#d.hostId}), and fetching it failed: ${reason}`);
       });
       emit("info", `Fetched image ${job.app_name}:${tag} from the fleet's image store`);
@@ -378,7 +379,7 @@ export class Deployer {
         emit("warning", `${err.message} The new colour was stopped; ${previous ? `${previous.tag} keeps serving` : "nothing was serving"}.`);
         return finish("cancelled", err.message);
       }
-      const message = err instanceof DeployFailure ? err.message : `The agent failed: ${err instanceof Error ? err.message : String(err)}`;
+      const message = err instanceof DeployFailure ? err.message : `The agent failed: ${errorText(err)}`;
       if (err instanceof DeployFailure && err.crashOutput) result.crash_output = err.crashOutput;
       emit("error", message);
       if (previous) emit("info", `${previous.tag} keeps serving`);
@@ -485,7 +486,7 @@ export class Deployer {
         break;
       } catch (err) {
         if (Date.now() >= deadline) throw err;
-        emit("warning", `The route did not switch (${err instanceof Error ? err.message : String(err)}); trying again`);
+        emit("warning", `The route did not switch (${errorText(err)}); trying again`);
         await sleep(COMMIT_RETRY_MS);
         await this.reassertRoutes().catch(() => undefined);
       }
@@ -508,7 +509,7 @@ export class Deployer {
       next.hosts = release.hosts;
       next.hostsReadAt = readAt;
     } catch (err) {
-      emit("warning", `The app's visibility changed during the deploy and could not be read again (${err instanceof Error ? err.message : String(err)}); reconcile the app once it is live.`);
+      emit("warning", `The app's visibility changed during the deploy and could not be read again (${errorText(err)}); reconcile the app once it is live.`);
     }
   }
 
@@ -599,7 +600,7 @@ export class Deployer {
     await d.routingTableLock.run(async () => {
       if (app) await d.state.setApp({ ...app, hosts: [] });
       await d.router.remove(key).catch((err: unknown) => {
-        emit("warning", `The router did not remove the front door (${err instanceof Error ? err.message : String(err)}); it is removed when the router answers again`);
+        emit("warning", `The router did not remove the front door (${errorText(err)}); it is removed when the router answers again`);
       });
     });
     if (app) {

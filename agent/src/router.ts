@@ -16,6 +16,7 @@
 import type { Logger } from "@platform/logger";
 import { Mutex } from "./mutex.ts";
 import type { MountSpec, RouteSpec, Router, RoutingDrift } from "./router-types.ts";
+import { errorText } from "./error-text.ts";
 
 export const ROUTER_SERVER = "platform";
 export const NOT_FOUND_BODY = "no app is served at this address\n";
@@ -182,7 +183,7 @@ const STALE_CONNECTION = new Set(["UND_ERR_SOCKET", "ECONNRESET"]);
 function causeText(err: unknown): string {
   if (err instanceof Error && err.name === "TimeoutError") return `no answer within ${ADMIN_TIMEOUT_MS / 1000} s`;
   const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
-  return cause?.code ?? cause?.message ?? (err instanceof Error ? err.message : String(err));
+  return cause?.code ?? cause?.message ?? errorText(err);
 }
 
 export interface CaddyRouterOptions {

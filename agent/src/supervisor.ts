@@ -6,6 +6,7 @@
  */
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, ReplicaSpec, ReplicaState, RuntimeDriver } from "./runtime/types.ts";
+import { errorText } from "./error-text.ts";
 
 const BACKOFF_MIN_MS = 1_000;
 const BACKOFF_MAX_MS = 30_000;
@@ -135,7 +136,7 @@ export class Supervisor {
     } catch (err) {
       if (!this.#current(entry)) return;
       const delay = this.#retryIn(entry);
-      const reason = err instanceof Error ? err.message : String(err);
+      const reason = errorText(err);
       this.#emit(spec, "restart_failed", exit, `Replica ${spec.id} could not be restarted: ${reason}; trying again in ${delay / 1000} s.`);
       this.#schedule(entry, delay, exit);
       return;

@@ -12,6 +12,7 @@ import type { Action as ActionMsg, DeployQueueService } from "@platform/proto";
 import { runBuild, type BuildDeps, type BuildJob, type LogLevel, type PhaseFacts } from "./builder.ts";
 import type { Deployer, DeployerDeps, DeployJob } from "./deployer.ts";
 import { failureStatus, untilAnswered } from "./until-answered.ts";
+import { errorText } from "./error-text.ts";
 
 /** Action types this agent runs; others wait in the queue for an agent that does. */
 export const SUPPORTED_ACTIONS = new Set(["BUILD", "DEPLOY", "RETRY", "UNDEPLOY", "SERVICE_ACTION", "RECONCILE_ROUTING"]);
@@ -33,8 +34,6 @@ const ASK_AGAIN_MAX = 3;
 const ALIVE_REPORT_MS = 20_000;
 /** How long a phase report is tried again while the queue is out of reach (a restart, say). */
 const PHASE_REPORT_PATIENCE_MS = 30_000;
-
-const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
 export interface WorkLog {
   (line: {

@@ -14,6 +14,7 @@ import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, rmdir, 
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
+import { errorText } from "../error-text.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -167,10 +168,6 @@ async function waitFor(check: () => Promise<boolean>, timeoutMs: number): Promis
   }
 }
 
-function errorMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
 async function findOnPath(name: string): Promise<string | null> {
   for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
     if (!dir) continue;
@@ -301,7 +298,7 @@ async function tryCgroup(cgroup: MemoryCgroup): Promise<string | null> {
       try {
         await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), "+memory");
       } catch (err) {
-        return `cgroup v2: cannot enable the memory controller for children of ${cgroup.dir} (${errorMessage(err)})`;
+        return `cgroup v2: cannot enable the memory controller for children of ${cgroup.dir} (${errorText(err)})`;
       }
     }
   }
@@ -309,13 +306,13 @@ async function tryCgroup(cgroup: MemoryCgroup): Promise<string | null> {
   try {
     await mkdir(probe);
   } catch (err) {
-    return `cgroup v${cgroup.version}: cannot create a cgroup under ${cgroup.dir} (${errorMessage(err)})`;
+    return `cgroup v${cgroup.version}: cannot create a cgroup under ${cgroup.dir} (${errorText(err)})`;
   }
   try {
     await writeFile(path.join(probe, cgroup.version === 2 ? "memory.max" : "memory.limit_in_bytes"), cgroup.version === 2 ? "max" : "-1");
     return null;
   } catch (err) {
-    return `cgroup v${cgroup.version}: cannot set a memory limit under ${cgroup.dir} (${errorMessage(err)})`;
+    return `cgroup v${cgroup.version}: cannot set a memory limit under ${cgroup.dir} (${errorText(err)})`;
   } finally {
     await rmdir(probe).catch(() => undefined);
   }
@@ -329,7 +326,7 @@ export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
     own = await readFile("/proc/self/cgroup", "utf8");
     mounts = parseMountinfo(await readFile("/proc/self/mountinfo", "utf8"));
   } catch (err) {
-    return { ok: false, reason: `cgroups cannot be read here (${errorMessage(err)})` };
+    return { ok: false, reason: `cgroups cannot be read here (${errorText(err)})` };
   }
   const memberships = own
     .split("\n")
@@ -464,7 +461,7 @@ export class ProcessDriver implements RuntimeDriver {
         cgroup = await createReplicaCgroup(memory, spec.id, spec.memoryMb);
         oomBase = await oomKillCount(cgroup);
       } catch (err) {
-        this.#logger?.warn({ replica: spec.id, err: errorMessage(err) }, "could not create the replica's memory cgroup; it runs without a memory limit");
+        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's memory cgroup; it runs without a memory limit");
         cgroup = null;
       }
     }
@@ -498,7 +495,7 @@ export class ProcessDriver implements RuntimeDriver {
       });
     } catch (e) {
       if (cgroup) await removeCgroup(cgroup).catch(() => undefined);
-      throw new Error(`replica ${spec.id} could not be started: ${errorMessage(e)}`);
+      throw new Error(`replica ${spec.id} could not be started: ${errorText(e)}`);
     } finally {
       await Promise.all([out.close(), err.close()]);
     }
@@ -600,7 +597,7 @@ export class ProcessDriver implements RuntimeDriver {
       try {
         record = JSON.parse(await readFile(path.join(dir, "replica.json"), "utf8")) as ReplicaRecord;
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== "ENOENT") this.#logger?.warn({ replica: id, err: errorMessage(err) }, "unreadable replica.json; the replica is not adopted");
+        if ((err as NodeJS.ErrnoException).code !== "ENOENT") this.#logger?.warn({ replica: id, err: errorText(err) }, "unreadable replica.json; the replica is not adopted");
         continue;
       }
       const replica = this.#newReplica(record, dir, await this.#loadCursors(dir));
@@ -759,7 +756,7 @@ export class ProcessDriver implements RuntimeDriver {
     try {
       if (await this.#gone(replica)) await this.#finish(replica);
     } catch (err) {
-      this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "checking a replica's exit failed");
+      this.#logger?.warn({ replica: replica.record.spec.id, err: errorText(err) }, "checking a replica's exit failed");
     }
   }
 
@@ -790,7 +787,7 @@ export class ProcessDriver implements RuntimeDriver {
       replica.running = false;
       if (this.#closed) return;
       await this.#persistExit(replica).catch((err: unknown) => {
-        this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "could not record the replica's exit");
+        this.#logger?.warn({ replica: replica.record.spec.id, err: errorText(err) }, "could not record the replica's exit");
       });
       if (replica.stopRequested) return;
       const state = this.#snapshot(replica);
@@ -798,7 +795,7 @@ export class ProcessDriver implements RuntimeDriver {
         try {
           listener(state);
         } catch (err) {
-          this.#logger?.error({ err: errorMessage(err) }, "exit listener failed");
+          this.#logger?.error({ err: errorText(err) }, "exit listener failed");
         }
       }
     })();
@@ -830,7 +827,7 @@ export class ProcessDriver implements RuntimeDriver {
     try {
       while (await this.#readOnce(replica, final));
     } catch (err) {
-      this.#logger?.warn({ replica: replica.record.spec.id, err: errorMessage(err) }, "reading a replica's output failed");
+      this.#logger?.warn({ replica: replica.record.spec.id, err: errorText(err) }, "reading a replica's output failed");
     }
   }
 
@@ -896,7 +893,7 @@ export class ProcessDriver implements RuntimeDriver {
           try {
             listener({ replicaId, spec: replica.record.spec, stream: batch.stream, line, at });
           } catch (err) {
-            this.#logger?.error({ err: errorMessage(err) }, "output listener failed");
+            this.#logger?.error({ err: errorText(err) }, "output listener failed");
           }
         }
       }
