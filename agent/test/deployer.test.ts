@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { execFile } from "node:child_process";
 import http from "node:http";
-import { cp, mkdtemp, readFile, rm, stat } from "node:fs/promises";
+import { cp, mkdtemp, readdir, readFile, rm, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -16,6 +16,7 @@ import { createLogger } from "@platform/logger";
 import { parseAppConfigYaml } from "@platform/app-config";
 import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, type StartedCaddy } from "@platform/testing";
 import { Deployer, releaseDir, type DeployerDeps } from "../src/deployer.ts";
+import { RELEASES_KEPT } from "../src/release-retention.ts";
 import { HostState } from "../src/host-state.ts";
 import { deleteImages, fetchImage, publishImage } from "../src/image-store.ts";
 import { Mutex } from "../src/mutex.ts";
@@ -387,4 +388,20 @@ it("a flip to private reconciled while a deploy waits for its swap holds at once
   hosts = [HOST];
   expect(await reconciler.reconcile({ ...reconcile, action_id: "8f9a0b1c-2d3e-4f4a-9b5c-6d7e8f9a0b1c" })).toMatchObject({ status: "completed" });
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
+it("keeps a branch's newest releases and the one it runs: each deploy removes the older ones from the host", async () => {
+  const branch = path.dirname(releaseDir(path.join(dir, "run"), "acme", "node-web", "retained", "any"));
+  const tags = ["main-aaaa0001", "main-aaaa0002", "main-aaaa0003", "main-aaaa0004", "main-aaaa0005"];
+  for (const [i, tag] of tags.entries()) {
+    await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "retained", tag), { recursive: true });
+    lines.length = 0;
+    const outcome = await deployer.deploy({ ...job, branch: "retained", action_id: `7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0${i}`, image_tag: tag });
+    expect(outcome.status).toBe("completed");
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  expect(lines).toContain(`Removed 1 older release(s) of the branch from this host (${tags[1]}); their images stay`);
+  expect((await readdir(branch)).sort()).toEqual(tags.slice(-RELEASES_KEPT));
+  expect(state.appOf("node-web", "retained")).toMatchObject({ tag: tags.at(-1) });
+  expect((await deployer.undeploy({ ...job, branch: "retained", action_type: "UNDEPLOY" })).status).toBe("completed");
 });
