@@ -29,7 +29,7 @@ import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import type { Supervisor } from "./supervisor.ts";
 import { errorText } from "./error-text.ts";
-import { pruneReleases } from "./release-retention.ts";
+import { pruneImages, pruneReleases } from "./retention.ts";
 
 export const CRASH_TAIL_LINES = 30;
 /** How often a starting replica's health path is asked. */
@@ -216,17 +216,22 @@ export class Deployer {
     return dir;
   }
 
-  /** Once a deploy is live, its branch's older releases go (release-retention.ts); failing to remove them never fails it. */
-  async #pruneReleases(releaseDir: string, emit: (l: LogLevel, m: string) => void): Promise<void> {
+  /**
+   * Once a deploy is live, the branch's older releases and the app's older images go from this
+   * host (retention.ts); what any replica here runs stays. Failing to remove them never fails it.
+   */
+  async #pruneHost(job: DeployJob, releaseDir: string, emit: (l: LogLevel, m: string) => void): Promise<void> {
     const d = this.#d;
-    const inUse = new Set<string>();
     const replicas = [...d.state.apps().flatMap((a) => Object.values(a.services).flatMap((s) => s.replicas)), ...d.state.allInflight().flatMap((f) => f.replicas)];
-    for (const dir of [...d.state.apps().map((a) => a.releaseDir), ...replicas.map((r) => r.releaseDir)]) inUse.add(path.resolve(dir));
+    const releases = new Set([...d.state.apps().map((a) => a.releaseDir), ...replicas.map((r) => r.releaseDir)].map((dir) => path.resolve(dir)));
+    const tags = new Set([...d.state.apps().filter((a) => a.app === job.app_name).map((a) => a.tag), ...replicas.filter((r) => r.app === job.app_name).map((r) => r.tag)]);
     try {
-      const removed = await pruneReleases(path.dirname(releaseDir), inUse);
-      if (removed.length > 0) emit("info", `Removed ${removed.length} older release(s) of the branch from this host (${removed.join(", ")}); their images stay`);
+      const removed = await pruneReleases(path.dirname(releaseDir), releases);
+      if (removed.length > 0) emit("info", `Removed ${removed.length} older release(s) of the branch from this host (${removed.join(", ")})`);
+      const images = await pruneImages(path.join(d.imageDir, job.app_name), tags);
+      if (images.length > 0) emit("info", `Removed ${images.length} older image(s) of the app from this host (${images.join(", ")}); the fleet's image store keeps them 30 days`);
     } catch (err) {
-      emit("warning", `The branch's older releases could not be removed from this host (${errorText(err)})`);
+      emit("warning", `Older releases and images could not be removed from this host (${errorText(err)})`);
     }
   }
 
@@ -379,7 +384,7 @@ export class Deployer {
       await d.phase("drain");
       await this.#drain(previous, next, emit);
       await d.state.clearInflight(job.action_id);
-      await this.#pruneReleases(releaseDir, emit);
+      await this.#pruneHost(job, releaseDir, emit);
       result.services = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, { replicas: s.replicas.length, ports: s.replicas.map((r) => r.port) }]));
       // The routing shape now live: the app's URLs are rebuilt from it, not from a config not yet deployed.
       result.mounts = Object.fromEntries(Object.entries(next.services).map(([n, s]) => [n, s.mount]));

@@ -17,8 +17,9 @@ import { subjects, type Bus } from "@platform/bus";
 /**
  * How long an image stays in the bucket after it was published. Age rather than size bounds it:
  * an object-store bucket discards new writes when full, so a byte cap would fail the next builds
- * instead of letting old images go. A tag older than this still deploys on the host that built it;
- * another host needs it built again.
+ * instead of letting old images go. A tag older than this deploys only on a host that still has
+ * its archive (retention.ts keeps those of the tags running there and the newest few); elsewhere
+ * it must be built again.
  */
 const IMAGE_TTL_DAYS = 30;
 

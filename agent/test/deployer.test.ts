@@ -16,7 +16,7 @@ import { createLogger } from "@platform/logger";
 import { parseAppConfigYaml } from "@platform/app-config";
 import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, type StartedCaddy } from "@platform/testing";
 import { Deployer, releaseDir, type DeployerDeps } from "../src/deployer.ts";
-import { RELEASES_KEPT } from "../src/release-retention.ts";
+import { RELEASES_KEPT } from "../src/retention.ts";
 import { HostState } from "../src/host-state.ts";
 import { deleteImages, fetchImage, publishImage } from "../src/image-store.ts";
 import { Mutex } from "../src/mutex.ts";
@@ -400,7 +400,7 @@ it("keeps a branch's newest releases and the one it runs: each deploy removes th
     expect(outcome.status).toBe("completed");
     await new Promise((r) => setTimeout(r, 20));
   }
-  expect(lines).toContain(`Removed 1 older release(s) of the branch from this host (${tags[1]}); their images stay`);
+  expect(lines).toContain(`Removed 1 older release(s) of the branch from this host (${tags[1]})`);
   expect((await readdir(branch)).sort()).toEqual(tags.slice(-RELEASES_KEPT));
   expect(state.appOf("node-web", "retained")).toMatchObject({ tag: tags.at(-1) });
   expect((await deployer.undeploy({ ...job, branch: "retained", action_type: "UNDEPLOY" })).status).toBe("completed");
