@@ -131,7 +131,13 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
                 "Full-text search over message: every word must appear, in any case and order. Spaces and punctuation separate words, " +
                 "so `healthz` finds `GET /healthz` and `build info` finds `dist/build-info.txt`; a part of a word finds nothing.",
             },
-            since: { type: "string", default: "1h", description: "Relative window: 30s, 30m, 1h, 24h, 7d, 2w. A longer window than 365d is read as 365d." },
+            since: {
+              type: "string",
+              default: "1h",
+              description:
+                "Relative window: 30s, 30m, 1h, 24h, 7d, 2w. A longer window than 365d is read as 365d. Lines are kept LOG_RETENTION_DAYS " +
+                "(30 by default): a wider window finds nothing older. A build's own log stays on the build (GET /api/builds/id/{build_id}/logs).",
+            },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
             offset: offsetParam,
             branch: { type: "string", description: "Only scopes the access check of app_name: the caller must see the app on this branch (one the app has), else the answer is empty as for an unknown app. Lines are not filtered by it." },

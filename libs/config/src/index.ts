@@ -257,6 +257,15 @@ export const deployQueueEnv = {
   },
 } as const satisfies EnvSpec;
 
+export const healthAggregatorEnv = {
+  ...serviceEnv("health-aggregator"),
+  LOG_RETENTION_DAYS: {
+    type: "int",
+    default: "30",
+    description: "days a stored log line is kept; older lines are deleted every hour",
+  },
+} as const satisfies EnvSpec;
+
 export const gatewayEnv = {
   ...common,
   PORT: { type: "port", default: String(GATEWAY_PORT), description: "HTTP port of the /api gateway" },
@@ -328,7 +337,7 @@ export const FLEET_ENV: Record<ServiceName | "gateway" | "agent", EnvSpec> = {
   mailer: serviceEnv("mailer"),
   storage: serviceEnv("storage"),
   hooks: serviceEnv("hooks"),
-  "health-aggregator": serviceEnv("health-aggregator"),
+  "health-aggregator": healthAggregatorEnv,
   gateway: gatewayEnv,
   agent: agentEnv,
 };

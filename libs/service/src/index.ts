@@ -65,6 +65,23 @@ async function natsStatus(bus: Bus): Promise<string> {
 
 const LEDGER_PRUNE_INTERVAL_MS = 3600_000;
 
+/** Runs `job` every `intervalMs`, never twice at once; `stop` waits for a run in progress. */
+export function every(intervalMs: number, job: () => Promise<void>): { stop(): Promise<void> } {
+  let running: Promise<void> | null = null;
+  const timer = setInterval(() => {
+    running ??= job().finally(() => {
+      running = null;
+    });
+  }, intervalMs);
+  timer.unref();
+  return {
+    async stop() {
+      clearInterval(timer);
+      await running;
+    },
+  };
+}
+
 export async function startService(def: ServiceDefinition): Promise<RunningService> {
   const { config } = def;
   const logger = def.logger ?? createLogger({ service: def.name, level: config.LOG_LEVEL });
@@ -72,13 +89,12 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
   const orm = await openDatabase({ url: config.DATABASE_URL, schema, entities: def.entities, migrations: def.migrations, logger });
   const bus = await connectBus({ url: config.NATS_URL, name: def.name, prefix: config.BUS_PREFIX ?? "", logger });
   const relay = startOutboxRelay({ orm, bus, logger });
-  const ledgerUpkeep = setInterval(() => {
+  const ledgerUpkeep = every(LEDGER_PRUNE_INTERVAL_MS, () =>
     pruneLedger(orm).then(
-      (n) => n > 0 && logger.info({ entries: n }, "consumer ledger pruned"),
+      (n) => void (n > 0 && logger.info({ entries: n }, "consumer ledger pruned")),
       (err: unknown) => logger.warn({ err }, "consumer ledger prune failed"),
-    );
-  }, LEDGER_PRUNE_INTERVAL_MS);
-  ledgerUpkeep.unref();
+    ),
+  );
 
   const readiness = async (req: ReadinessRequest): Promise<ReadinessResponse> => {
     const [db, nats] = await Promise.all([databaseFacts(orm, req.deep), natsStatus(bus)]);
@@ -117,7 +133,7 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
     close() {
       closing ??= (async () => {
         await rpc.close();
-        clearInterval(ledgerUpkeep);
+        await ledgerUpkeep.stop();
         for (const c of closers) await c().catch((err: unknown) => logger.warn({ err }, "closer failed"));
         await relay.stop();
         await bus.close();

@@ -6,7 +6,7 @@
  */
 import { handleBatchOnce, parseBuildRequested, receivedEvents, runBatchConsumer, subjects, traceHeaders, type BuildRequested, type EventEnvelope, type RunningConsumer } from "@platform/bus";
 import { sqlPool, type EntityManager } from "@platform/db";
-import type { ServiceContext } from "@platform/service";
+import { every, type ServiceContext } from "@platform/service";
 import { recordHeartbeat, type HeartbeatMessage } from "./domain/agents.ts";
 import { acceptBuildRequests } from "./domain/intake.ts";
 import { redispatchFromSilentHosts, type Dispatched } from "./domain/placement.ts";
@@ -218,23 +218,6 @@ export function startHeartbeatListener(ctx: ServiceContext): { stop(): Promise<v
     async stop() {
       sub.unsubscribe();
       await done;
-    },
-  };
-}
-
-/** Runs `job` every `intervalMs`, never twice at once; `stop` waits for a run in progress. */
-function every(intervalMs: number, job: () => Promise<void>): { stop(): Promise<void> } {
-  let running: Promise<void> | null = null;
-  const timer = setInterval(() => {
-    running ??= job().finally(() => {
-      running = null;
-    });
-  }, intervalMs);
-  timer.unref();
-  return {
-    async stop() {
-      clearInterval(timer);
-      await running;
     },
   };
 }

@@ -2,8 +2,8 @@
  * health-aggregator: the log store (ingested from the LOGS stream, served to GET /api/logs), and,
  * as their issues land, incidents, uptime checks, OOM events, warnings and the health summary.
  */
-import { loadConfig, serviceEnv } from "@platform/config";
-import { startService, type RunningService, type ServiceConfig } from "@platform/service";
+import { healthAggregatorEnv, loadConfig, type Config } from "@platform/config";
+import { every, startService, type RunningService } from "@platform/service";
 import { consumeEvent, consumeGroupEvents, subjects } from "@platform/bus";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
@@ -14,6 +14,7 @@ import { searchWordsMigrations } from "./migrations/0005_search_words.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 import { forgetBuilds, parseBuildsDeleted } from "./domain/builds-deleted.ts";
+import { LOG_PRUNE_INTERVAL_MS, logRetentionCutoff } from "./domain/retention.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";
 
@@ -27,7 +28,7 @@ export interface HealthAggregator extends RunningService {
 }
 
 export async function build(
-  config: ServiceConfig = loadConfig(serviceEnv("health-aggregator")),
+  config: Config<typeof healthAggregatorEnv> = loadConfig(healthAggregatorEnv),
   options: HealthAggregatorOptions = {},
 ): Promise<HealthAggregator> {
   let store: LogStore | undefined;
@@ -65,7 +66,15 @@ export async function build(
         parse: parseBuildsDeleted,
         handle: forgetBuilds,
       });
-      return [() => builds.stop(), () => groups.stop(), () => started.stop(), () => logStore.close()];
+      const retention = every(LOG_PRUNE_INTERVAL_MS, async () => {
+        try {
+          const deleted = await logStore.prune(logRetentionCutoff(new Date(), config.LOG_RETENTION_DAYS));
+          if (deleted > 0) ctx.logger.info({ deleted, retention_days: config.LOG_RETENTION_DAYS }, "log lines past their retention deleted");
+        } catch (err) {
+          ctx.logger.warn({ err }, "log retention failed");
+        }
+      });
+      return [() => retention.stop(), () => builds.stop(), () => groups.stop(), () => started.stop(), () => logStore.close()];
     },
   });
   return Object.assign(running, { store: store!, ingestion: ingestion! });

@@ -1,7 +1,7 @@
 import "@platform/service/heap";
-import { loadConfigOrExit, serviceEnv } from "@platform/config";
+import { healthAggregatorEnv, loadConfigOrExit } from "@platform/config";
 import { runMain } from "@platform/service";
 import { build } from "./app.ts";
 
-const config = loadConfigOrExit(serviceEnv("health-aggregator"));
+const config = loadConfigOrExit(healthAggregatorEnv);
 runMain("health-aggregator", () => build(config));

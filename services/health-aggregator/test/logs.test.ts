@@ -8,7 +8,7 @@ import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import pg from "pg";
 import { createClient, createRouterTransport } from "@connectrpc/connect";
-import { loadConfig, serviceEnv } from "@platform/config";
+import { healthAggregatorEnv, loadConfig } from "@platform/config";
 import { createServiceClient } from "@platform/rpc";
 import { HealthAggregatorService, type QueryLogsRequest } from "@platform/proto";
 import { makeCaller, type Caller } from "@platform/caller";
@@ -21,6 +21,7 @@ import type { QueryLogsRequestSchema } from "@platform/proto";
 import { build, type HealthAggregator } from "../src/app.ts";
 import { LogStore } from "../src/domain/log-store.ts";
 import { LOG_CONSUMER } from "../src/log-ingestion.ts";
+import { logRetentionCutoff } from "../src/domain/retention.ts";
 import { routes } from "../src/rpc.ts";
 
 const logger = createLogger({ service: "health-aggregator-test", level: "silent", pretty: false });
@@ -42,7 +43,7 @@ beforeAll(async () => {
   databaseUrl = await createTestDatabase();
   prefix = uniquePrefix();
   service = await build(
-    loadConfig(serviceEnv("health-aggregator"), {
+    loadConfig(healthAggregatorEnv, {
       DATABASE_URL: databaseUrl,
       NATS_URL: testNatsUrl(),
       BUS_PREFIX: prefix,
@@ -697,5 +698,28 @@ describe("an unreachable store", () => {
     } finally {
       await dead.close();
     }
+  });
+});
+
+describe("retention", () => {
+  it("deletes the lines older than the retention, a batch at a time, and the builds they were the last lines of", async () => {
+    const ancient = { app_name: "ancient", group_slug: "acme", branch: "main" };
+    const oldBuild = randomUUID();
+    const recentBuild = randomUUID();
+    const lines: LogLineInput[] = [
+      { ...ancient, ts: ago(40 * DAY), source: "build", build_id: oldBuild, message: "build of forty days ago" },
+      { ...ancient, ts: ago(40 * DAY - MIN), source: "build", build_id: oldBuild, message: "build of forty days ago finished" },
+      { ...ancient, ts: ago(31 * DAY), source: "container", service_name: "web", message: "request of a month ago" },
+      { ...ancient, ts: ago(29 * DAY), source: "container", service_name: "web", message: "request within the month" },
+      { ...ancient, ts: ago(MIN), source: "build", build_id: recentBuild, message: "build of a minute ago" },
+    ];
+    await shipAndWait(lines, "app_name = 'ancient'", []);
+    const deleted = await service.store.prune(logRetentionCutoff(new Date(), 30), 2);
+    expect(deleted).toBeGreaterThanOrEqual(3);
+    const left = await db.query<{ message: string }>("select message from log_lines where app_name = 'ancient' order by ts");
+    expect(left.rows.map((r) => r.message)).toEqual(["request within the month", "build of a minute ago"]);
+    const builds = await db.query<{ build_id: string }>("select build_id from log_builds where app_name = 'ancient'");
+    expect(builds.rows.map((r) => r.build_id)).toEqual([recentBuild]);
+    expect((await query(operator, { appName: "ancient", since: "52w" })).total).toBe(2);
   });
 });

@@ -9,6 +9,7 @@ import pg from "pg";
 import type { Logger } from "@platform/logger";
 import type { Caller } from "@platform/caller";
 import type { StoredLine } from "./ingest.ts";
+import { LOG_PRUNE_BATCH, PRUNE_BUILDS, PRUNE_LINES } from "./retention.ts";
 import { groupScope, logGroupSql, logSql, normaliseLogQuery, pageTotals, type ContainerReason, type LogQueryInput } from "./log-query.ts";
 
 /** Longest a read may take; the gateway's deadline is 5 s. */
@@ -161,6 +162,21 @@ export class LogStore {
     this.#logger = opts.logger;
     // An idle connection that dies (Postgres restarted) must not take the process with it.
     for (const pool of [this.#reads, this.#writes]) pool.on("error", (err) => this.#logger.warn({ err }, "log store connection lost"));
+  }
+
+  /**
+   * Deletes the lines older than `cutoff`, in batches of `batch` (retention.ts), and the builds
+   * they were the last lines of. Returns the number of lines deleted.
+   */
+  async prune(cutoff: Date, batch = LOG_PRUNE_BATCH): Promise<number> {
+    let deleted = 0;
+    for (;;) {
+      const r = await this.#writes.query(PRUNE_LINES, [cutoff, batch]);
+      deleted += r.rowCount ?? 0;
+      if ((r.rowCount ?? 0) < batch) break;
+    }
+    await this.#writes.query(PRUNE_BUILDS, [cutoff]);
+    return deleted;
   }
 
   /** Stores a batch with one statement; a line id already stored is skipped. Returns the lines stored. */
