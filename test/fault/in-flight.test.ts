@@ -11,16 +11,17 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestFleet, type TestFleet } from "@platform/testing";
-import { FIXTURES_DIR, makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import { FIXTURES_DIR, type FixtureRepo } from "../fixtures/git.ts";
 import { call, viaRouter, waitFor } from "../e2e/support.ts";
+import { APP, acmeTenant, buildFinished, registeredWeb, type Tenant } from "./support.ts";
 
-const APP = "node-web";
 const LINES = 60;
 /** A build that prints LINES numbered lines, 50 ms apart. */
 const COUNT_JS = `let i = 0;\nconst t = setInterval(() => {\n  console.log("count " + ++i);\n  if (i === ${LINES}) clearInterval(t);\n}, 50);\n`;
 const LISTEN = "server.listen(port, () => console.log(`node-web listening on ${port}`));";
 
 let fleet: TestFleet;
+let t: Tenant;
 let api: string;
 let acme: string;
 let web: FixtureRepo;
@@ -28,15 +29,11 @@ let serverJs: string;
 
 beforeAll(async () => {
   fleet = await startTestFleet();
-  api = fleet.api;
-  await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug: "acme" } });
-  acme = (await call(api, "POST", "/keys", { credential: fleet.rootKey, body: { name: "acme", scope: "admin", group: "acme" } })).body.key;
+  t = await acmeTenant(fleet);
+  ({ api, key: acme } = t);
   const config = await readFile(path.join(FIXTURES_DIR, "node-web", "platform.yaml"), "utf8");
   expect(config).toContain("build: node build.js");
-  web = await makeFixtureRepo("node-web", { files: { "count.js": COUNT_JS, "platform.yaml": config.replace("build: node build.js", "build: node count.js") } });
-  serverJs = await readFile(path.join(web.dir, "server.js"), "utf8");
-  expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } })).status).toBe(201);
-  await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.preflight_status, (s) => s === "ready", 60_000);
+  ({ repo: web, serverJs } = await registeredWeb(t, { "count.js": COUNT_JS, "platform.yaml": config.replace("build: node build.js", "build: node count.js") }));
 });
 
 afterAll(async () => {
@@ -52,15 +49,11 @@ async function buildRunning(autoDeploy: boolean): Promise<{ buildId: string; tag
   return { buildId: b.body.build_id, tag: b.body.tag };
 }
 
-async function buildFinished(buildId: string) {
-  return waitFor(async () => (await call(api, "GET", `/builds/id/${buildId}`, { credential: acme })).body, (b) => ["completed", "failed", "cancelled"].includes(b.status), 90_000);
-}
-
 describe("a service killed while the agent works", () => {
   it("health-aggregator killed while a build prints: every line is stored once", async () => {
     const { buildId } = await buildRunning(false);
     await fleet.restart("health-aggregator");
-    expect((await buildFinished(buildId)).status).toBe("completed");
+    expect((await buildFinished(t, buildId)).status).toBe("completed");
     const counted = async () => {
       const r = await call(api, "GET", `/logs?build_id=${buildId}&source=build&limit=1000&since=1h`, { credential: acme });
       expect(r.status).toBe(200);
@@ -73,7 +66,7 @@ describe("a service killed while the agent works", () => {
   it("apps-builds killed while a build runs: the build is recorded completed, with its commit", async () => {
     const { buildId } = await buildRunning(false);
     await fleet.restart("apps-builds");
-    const build = await buildFinished(buildId);
+    const build = await buildFinished(t, buildId);
     expect(build).toMatchObject({ status: "completed", commit_hash: web.head, error_message: null });
     expect(build.completed_at).toEqual(expect.any(String));
     const { log } = (await call(api, "GET", `/builds/id/${buildId}/logs`, { credential: acme })).body;

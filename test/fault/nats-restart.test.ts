@@ -8,16 +8,16 @@
  * - afterwards a new commit is built and deployed end to end, and its log lines arrive.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { freePort, natsServerBin, probeNats } from "@platform/fleet";
 import { startTestFleet, type TestFleet } from "@platform/testing";
-import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import type { FixtureRepo } from "../fixtures/git.ts";
 import { call, viaRouter, waitFor } from "../e2e/support.ts";
+import { APP, acmeTenant, buildFinished, deployedTag, registeredWeb, type Tenant } from "./support.ts";
 
-const APP = "node-web";
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** A nats-server with JetStream on a free port, its store under `storeDir`; restartable on the same port and store. */
@@ -56,6 +56,7 @@ class PrivateNats {
 let nats: PrivateNats;
 let storeRoot: string;
 let fleet: TestFleet;
+let t: Tenant;
 let api: string;
 let acme: string;
 let web: FixtureRepo;
@@ -66,13 +67,9 @@ beforeAll(async () => {
   nats = new PrivateNats(await freePort(), storeRoot);
   await nats.start();
   fleet = await startTestFleet({ natsUrl: nats.url });
-  api = fleet.api;
-  await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug: "acme" } });
-  acme = (await call(api, "POST", "/keys", { credential: fleet.rootKey, body: { name: "acme", scope: "admin", group: "acme" } })).body.key;
-  web = await makeFixtureRepo("node-web");
-  serverJs = await readFile(path.join(web.dir, "server.js"), "utf8");
-  expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } })).status).toBe(201);
-  await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.preflight_status, (s) => s === "ready", 60_000);
+  t = await acmeTenant(fleet);
+  ({ api, key: acme } = t);
+  ({ repo: web, serverJs } = await registeredWeb(t));
 });
 
 afterAll(async () => {
@@ -82,25 +79,12 @@ afterAll(async () => {
   if (storeRoot) await rm(storeRoot, { recursive: true, force: true });
 });
 
-async function buildFinished(buildId: string) {
-  return waitFor(async () => (await call(api, "GET", `/builds/id/${buildId}`, { credential: acme })).body, (b) => ["completed", "failed", "cancelled"].includes(b.status), 120_000);
-}
-
-async function deployed(tag: string) {
-  const id = await waitFor(
-    async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find((d: any) => d.image_tag === tag)?.id as string | undefined,
-    (i) => !!i,
-    120_000,
-  );
-  return waitFor(async () => (await call(api, "GET", `/deployments/${id}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 120_000);
-}
-
 describe("NATS stopped and started again", () => {
   let url: string;
 
   it("a deployed app keeps answering while NATS is down, and builds asked for meanwhile run once it is back", async () => {
     const first = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
-    expect((await deployed(first.body.tag)).status).toBe("completed");
+    expect((await deployedTag(t, first.body.tag)).status).toBe("completed");
     url = (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.urls[0];
     expect(await viaRouter(url)).toMatchObject({ status: 200, body: "hello from node-web (/)\n" });
 
@@ -115,14 +99,14 @@ describe("NATS stopped and started again", () => {
     }
     await nats.start();
 
-    for (const id of accepted) expect(await buildFinished(id)).toMatchObject({ status: "completed", commit_hash: web.head });
+    for (const id of accepted) expect(await buildFinished(t, id)).toMatchObject({ status: "completed", commit_hash: web.head });
   });
 
   it("afterwards builds and deploys a new commit end to end, and its log lines arrive", async () => {
     await web.commit("after the outage", { "server.js": serverJs.replace("hello from node-web", "hello again from node-web") });
     const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
     expect(b.status).toBe(202);
-    expect(await deployed(b.body.tag)).toMatchObject({ status: "completed", error_message: null });
+    expect(await deployedTag(t, b.body.tag)).toMatchObject({ status: "completed", error_message: null });
     expect(await viaRouter(url)).toMatchObject({ status: 200, body: "hello again from node-web (/)\n" });
     const lines = await waitFor(
       async () => (await call(api, "GET", `/logs?build_id=${b.body.build_id}&source=build&since=1h`, { credential: acme })).body.logs as Array<{ message: string }>,

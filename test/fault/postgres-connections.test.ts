@@ -5,18 +5,17 @@
  * - builds accepted around the kills all reach the queue, each with its one BUILD action;
  * - afterwards a new commit is built and deployed end to end, and its log lines are stored.
  */
-import { readFile } from "node:fs/promises";
-import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestFleet, type TestFleet } from "@platform/testing";
-import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
+import type { FixtureRepo } from "../fixtures/git.ts";
 import { call, viaRouter, waitFor } from "../e2e/support.ts";
+import { APP, acmeTenant, deployedTag, registeredWeb, type Tenant } from "./support.ts";
 
-const APP = "node-web";
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 let fleet: TestFleet;
+let t: Tenant;
 let api: string;
 let acme: string;
 let web: FixtureRepo;
@@ -24,13 +23,9 @@ let serverJs: string;
 
 beforeAll(async () => {
   fleet = await startTestFleet();
-  api = fleet.api;
-  await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug: "acme" } });
-  acme = (await call(api, "POST", "/keys", { credential: fleet.rootKey, body: { name: "acme", scope: "admin", group: "acme" } })).body.key;
-  web = await makeFixtureRepo("node-web");
-  serverJs = await readFile(path.join(web.dir, "server.js"), "utf8");
-  expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } })).status).toBe(201);
-  await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.preflight_status, (s) => s === "ready", 60_000);
+  t = await acmeTenant(fleet);
+  ({ api, key: acme } = t);
+  ({ repo: web, serverJs } = await registeredWeb(t));
 });
 
 afterAll(async () => {
@@ -48,15 +43,6 @@ async function killConnections(): Promise<number> {
   } finally {
     await client.end();
   }
-}
-
-async function deployed(tag: string) {
-  const id = await waitFor(
-    async () => (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items?.find((d: any) => d.image_tag === tag)?.id as string | undefined,
-    (i) => !!i,
-    120_000,
-  );
-  return waitFor(async () => (await call(api, "GET", `/deployments/${id}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 120_000);
 }
 
 describe("every Postgres connection of the fleet killed", () => {
@@ -91,7 +77,7 @@ describe("every Postgres connection of the fleet killed", () => {
     await web.commit("after the kills", { "server.js": serverJs.replace("hello from node-web", "hello again from node-web") });
     const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
     expect(b.status).toBe(202);
-    expect(await deployed(b.body.tag)).toMatchObject({ status: "completed", error_message: null });
+    expect(await deployedTag(t, b.body.tag)).toMatchObject({ status: "completed", error_message: null });
     const app = (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body;
     expect(app).toMatchObject({ running_version: b.body.tag, last_build_status: "completed" });
     expect(await viaRouter(app.urls[0])).toMatchObject({ status: 200, body: "hello again from node-web (/)\n" });
