@@ -40,8 +40,10 @@ const HEALTH_FAST_WINDOW_MS = 2000;
 /** How often a health check that goes on looks for a cancel. */
 const CANCEL_LOOK_MS = 1000;
 /**
- * How long the route flip is tried once the swap is committed, COMMIT_RETRY_MS apart: past the
- * point of no return a deploy rolls forward, and a router restarting takes seconds to answer.
+ * How long the route flip is tried once the swap is committed, COMMIT_RETRY_MS apart (a router
+ * restarting takes seconds to answer). Past the point of no return a deploy rolls forward, so a
+ * router still silent then does not fail it: the host's routing table already names the new
+ * colour, and the routing check gives the router that table as soon as it answers again.
  */
 const COMMIT_DEADLINE_MS = 120_000;
 const COMMIT_RETRY_MS = 1_000;
@@ -101,6 +103,8 @@ export interface DeployerDeps {
   drainMs: number;
   /** Grace between SIGTERM and SIGKILL when a replica is stopped. */
   stopGraceMs: number;
+  /** How long the route flip is tried past the swap commit (default COMMIT_DEADLINE_MS). */
+  routeDeadlineMs?: number;
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
   /**
    * Reports a phase; true means cancel was requested (and the swap is not committed). With
@@ -379,7 +383,8 @@ export class Deployer {
       }
       if (cancelled) throw new DeployCancelled(CANCELLED_BEFORE_SWAP);
       current = "swap_committed";
-      await this.#commit(inflight, previous, emit);
+      const unrouted = await this.#commit(inflight, previous, emit);
+      if (unrouted) result.deploy_warnings = [unrouted];
       current = "drain";
       await d.phase("drain");
       await this.#drain(previous, next, emit);
@@ -487,33 +492,49 @@ export class Deployer {
   }
 
   /** The flip: the route moves to the new colour in one router call. */
-  async #commit(inflight: InflightDeploy, previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<void> {
+  /**
+   * The swap: the host state names the new colour, then the router is told. Returns null, or the
+   * deploy warning of a router that never answered (the deploy still rolls forward).
+   */
+  async #commit(inflight: InflightDeploy, previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<string | null> {
     const next = inflight.next;
     for (const r of inflight.replicas) this.#d.supervisor.desire(r);
     // Past the point of no return the deploy rolls forward: a router that does not answer (or
     // lost its table) is asked again, with the whole table if need be. The host state names the
     // new colour first, so the whole table has the flip in it; an agent that stops before the
     // router call finds the swap committed and makes it again (#resume).
-    const deadline = Date.now() + COMMIT_DEADLINE_MS;
+    const deadline = Date.now() + (this.#d.routeDeadlineMs ?? COMMIT_DEADLINE_MS);
     const since = new Date().toISOString();
+    let unrouted: string | null = null;
     for (;;) {
+      let written = false;
       try {
         await this.#d.routingTableLock.run(async () => {
           await this.#frontDoorsAfterFlip(inflight, emit);
           await this.#d.state.setApp({ ...next, since });
+          written = true;
           if (next.hosts.length > 0) await this.#d.router.put(routeOf(next));
           else await this.#d.router.remove(next.key);
         });
         break;
       } catch (err) {
-        if (Date.now() >= deadline) throw err;
+        if (Date.now() >= deadline) {
+          // Not even the host state was written: nothing names the new colour yet.
+          if (!written) throw err;
+          unrouted =
+            `The router did not answer for ${Math.round((this.#d.routeDeadlineMs ?? COMMIT_DEADLINE_MS) / 1000)} s after the swap commit (${errorText(err)}). ` +
+            `The deploy rolled forward: this host's routing table names ${next.tag} (${next.colour}), which the router is given as soon as it answers again.`;
+          emit("warning", unrouted);
+          break;
+        }
         emit("warning", `The route did not switch (${errorText(err)}); trying again`);
         await sleep(COMMIT_RETRY_MS);
         await this.reassertRoutes().catch(() => undefined);
       }
     }
-    emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
+    if (!unrouted) emit("info", next.hosts.length > 0 ? `Route ${next.hosts.join(", ")} switched to ${next.colour}` : "Private app: no public route");
     if (previous) emit("info", `${previous.tag} (${previous.colour}) no longer receives new requests`);
+    return unrouted;
   }
 
   /**

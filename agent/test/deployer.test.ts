@@ -405,3 +405,38 @@ it("keeps a branch's newest releases and the one it runs: each deploy removes th
   expect(state.appOf("node-web", "retained")).toMatchObject({ tag: tags.at(-1) });
   expect((await deployer.undeploy({ ...job, branch: "retained", action_type: "UNDEPLOY" })).status).toBe("completed");
 });
+
+it("rolls forward past the swap commit when the router never answers: completed with a deploy warning, and routed once it answers", async () => {
+  const branch = { ...job, branch: "unrouted", image_tag: "main-4567cdef" };
+  expect((await deployer.deploy({ ...branch, action_id: "8b9c0d1e-2f3a-4b4c-9d5e-6f7a8b9c0d1e" })).status).toBe("completed");
+  const before = state.appOf("node-web", "unrouted")!;
+  const silent = new Deployer({
+    ...baseDeps,
+    routeDeadlineMs: 1_500,
+    // The router goes away as the swap is committed, and stays away past the deadline.
+    phase: async (name) => {
+      if (name === "swap_committed") await caddy.stop();
+      return false;
+    },
+  });
+  lines.length = 0;
+  const outcome = await silent.deploy({ ...branch, action_id: "9c0d1e2f-3a4b-4c5d-8e6f-7a8b9c0d1e2f" });
+  expect(outcome).toMatchObject({ status: "completed", error_message: "", result: { deploy_warnings: [expect.stringMatching(/^The router did not answer for 2 s after the swap commit/)] } });
+  const after = state.appOf("node-web", "unrouted")!;
+  expect(after.colour).not.toBe(before.colour);
+  expect(driver.list().filter((r) => r.running && r.spec.colour === before.colour && r.spec.branch === "unrouted")).toEqual([]);
+  // The router back (empty, as after a restart): the routing check gives it the table, new colour included.
+  caddy = await startCaddy({ adminPort: ports[0], httpPort: ports[1], dataDir: path.join(dir, "caddy"), log: () => undefined });
+  await deployer.reassertRoutes();
+  // Read on a connection of its own: Caddy closes the admin connections a config load used.
+  const routes = await new Promise<string>((resolve, reject) => {
+    http.get(`${caddy.adminUrl}/config/apps/http/servers/platform/routes`, { agent: false }, (res) => {
+      let body = "";
+      res.on("data", (c: Buffer) => (body += c));
+      res.on("end", () => resolve(body));
+    }).on("error", reject);
+  });
+  const [port] = Object.values(after.services).flatMap((s) => s.replicas.map((r) => r.port));
+  expect(routes).toContain(`127.0.0.1:${port}`);
+  expect((await deployer.undeploy({ ...branch, action_type: "UNDEPLOY" })).status).toBe("completed");
+});
