@@ -147,6 +147,18 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
     const outcome = await claimAndRun(actionId, actionType);
     if (outcome === "refused") msg.nak(ADMISSION_RETRY_MS);
     else if (outcome === "busy") msg.nak(BUSY_RETRY_MS);
+    else if (outcome === "dropped") await settleDropped(actionId);
+  };
+
+  /**
+   * The queue ended the action while this host was away (it failed it, or finished it past its
+   * swap commit, while the agent was silent): what this host still holds of it is settled all the
+   * same, as a resumed deploy would be. Whichever of the agent's start and the action's redelivered
+   * message hears "dropped" first does it; the other was told "busy".
+   */
+  const settleDropped = async (actionId: string) => {
+    const deployer = opts.deployer({ log: (line) => logger.info({ action_id: actionId, phase: line.phase }, line.message), phase: async () => false });
+    await deployer.abandon(actionId);
   };
 
   /**
@@ -291,13 +303,7 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
   const resumed = Promise.all(
     (opts.resumable?.() ?? []).map(async ({ actionId, actionType }) => {
       try {
-        const outcome = await claimAndRun(actionId, actionType);
-        // The queue ended the action meanwhile (it failed it while this host was silent): what
-        // this host still holds of it is settled all the same, as a resumed deploy would be.
-        if (outcome === "dropped") {
-          const deployer = opts.deployer({ log: (line) => logger.info({ action_id: actionId, phase: line.phase }, line.message), phase: async () => false });
-          await deployer.abandon(actionId);
-        }
+        if ((await claimAndRun(actionId, actionType)) === "dropped") await settleDropped(actionId);
       } catch (err) {
         logger.error({ err, action_id: actionId }, "resuming an action failed");
       }

@@ -184,3 +184,23 @@ it("claims an action held back by one whose claim this agent still awaits as soo
   // A refusal sent back to the bus would be tried again only after 2 s.
   expect(b.claimedAt!.getTime() - a.completedAt!.getTime()).toBeLessThan(1000);
 });
+
+it("settles what this host holds of a deploy the queue ended while it was away, when the redelivered message is the one told so", async () => {
+  const deployId = await builtAndQueued();
+  // Claimed by this host before it went away; the queue then ended it (its reaper, say).
+  expect((await queue.claimAction({ actionId: deployId, hostId: HOST })).claimed).toBe(true);
+  await queue.completeAction({ actionId: deployId, hostId: HOST, status: "completed", resultJson: "{}" });
+  const abandoned: string[] = [];
+  let runs = 0;
+  const deployer = (() => ({
+    deploy: async () => {
+      runs++;
+      return { status: "completed", error_message: "", result: {} };
+    },
+    abandon: async (id: string) => void abandoned.push(id),
+  })) as unknown as WorkOptions["deployer"];
+  // The agent's start took nothing up (its resume lost the race): the message alone hears "dropped".
+  lane = await startWorkLane({ bus, hostId: HOST, queue, logger, log: () => undefined, build: {} as WorkOptions["build"], deployer, resumable: () => [] });
+  await expect.poll(() => abandoned, { timeout: 15_000 }).toContain(deployId);
+  expect(runs).toBe(0);
+});
