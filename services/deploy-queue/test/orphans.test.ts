@@ -75,7 +75,8 @@ const claimed = (actionType: string, host: string | null, progressMinutes: numbe
 
 describe("failOrphanedActions", () => {
   it("fails an action whose agent has been silent with no progress, naming the host and when it was last heard from", async () => {
-    await agent("h-dead", minutesAgo(10));
+    // Its last heartbeat came before the action's last progress report: the report is when it was last heard from.
+    await agent("h-dead", minutesAgo(11));
     const build = await claimed("BUILD", "h-dead", 10);
     const deploy = await action({ actionType: "DEPLOY", status: "queued", dependsOn: build.id, appName: build.appName, imageTag: build.imageTag });
 
@@ -147,7 +148,7 @@ describe("failOrphanedActions", () => {
     const r = await row(a.id);
     expect(r.status).toBe("failed");
     expect(r.errorMessage).toContain("host h-never");
-    expect(r.errorMessage).toContain("last heard from never");
+    expect(r.errorMessage).toContain("it never sent a heartbeat");
   });
 
   it("leaves an action alone while its agent is live, however long since its last progress", async () => {

@@ -38,8 +38,12 @@ export async function failOrphanedActions(em: EntityManager, now: Date): Promise
   const seen = new Map(rows.map((r) => [r.id, r.last_seen ? new Date(r.last_seen) : null]));
   const actions = await em.find(Action, { id: { $in: rows.map((r) => r.id) } });
   for (const action of actions) {
-    const lastSeen = seen.get(action.id);
-    const silent = `The agent on host ${action.claimedBy} stopped responding during the action (last heard from ${lastSeen ? lastSeen.toISOString() : "never"})`;
+    // Heard from last: its heartbeat or this action's progress report, whichever came later.
+    const heartbeat = seen.get(action.id);
+    const heard = [heartbeat, action.progressAt].filter((d): d is Date => !!d).sort((a, b) => b.getTime() - a.getTime())[0];
+    const silent =
+      `The agent on host ${action.claimedBy} stopped responding during the action (last heard from ${heard ? heard.toISOString() : "never"}` +
+      `${heartbeat ? "" : "; it never sent a heartbeat"})`;
     action.completedAt = now;
     if (action.swapCommittedAt) {
       action.status = "completed";
