@@ -87,6 +87,17 @@ describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing s
     expect(urlsOf(addressed(), router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
   });
 
+  it("lists services as the config declares them, though the stored config keeps its keys in jsonb's order, and the root URL first", () => {
+    const config = routedConfig() as { services: Record<string, unknown> };
+    // jsonb orders keys by length, then bytes: api, web, admin, worker.
+    const stored = { ...config, services: Object.fromEntries(["api", "web", "admin", "worker"].map((n) => [n, config.services[n]])) };
+    const app = addressed({ baseConfig: stored, serviceNames: ["web", "api", "admin", "worker"] });
+    expect(serviceUrls(app, router).map((s) => s.name)).toEqual(["web", "api", "admin", "worker"]);
+    expect(urlsOf(app, router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
+    // Declared after the path-mounted one, the root service's URL still comes first.
+    expect(urlsOf(addressed({ baseConfig: stored, serviceNames: ["api", "web", "admin", "worker"] }), router)[0]).toBe("http://shop.staging.example.test");
+  });
+
   it("leaves port 80 out of URLs and writes any other router port", () => {
     expect(urlsOf(addressed(), { ...router, port: 8443 })).toEqual(["http://shop.staging.example.test:8443", "http://shop.staging.example.test:8443/api"]);
   });

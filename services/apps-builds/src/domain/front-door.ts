@@ -62,7 +62,12 @@ export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceU
   const configured = config?.services ? Object.keys(config.services) : app.serviceNames;
   const serving = isServing(app);
   const live = serving ? app.runningMounts : null;
-  const names = [...new Set([...configured, ...Object.keys(live ?? {})])];
+  // In the order the config declares them (serviceNames, from the config as built): the stored
+  // config is jsonb, which keeps its keys in an order of its own.
+  const declared = new Map(app.serviceNames.map((name, i) => [name, i]));
+  const names = [...new Set([...configured, ...Object.keys(live ?? {})])].sort(
+    (a, b) => (declared.get(a) ?? Number.MAX_SAFE_INTEGER) - (declared.get(b) ?? Number.MAX_SAFE_INTEGER),
+  );
   const hosts = serving ? publicHosts(app, router) : [];
   const mounts = live
     ? new Map(Object.entries(live).filter((e): e is [string, string] => e[1] !== null))
@@ -74,8 +79,12 @@ export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceU
   });
 }
 
-/** Live front doors, from the app's serviceUrls: each routed service that is primary (every one unless overridden). */
+/**
+ * Live front doors, from the app's serviceUrls: each routed service that is primary (every one
+ * unless overridden), the one at the root first (what opening the app's first URL should show).
+ */
 export function appUrls(app: Pick<App, "primaryOverrides">, services: ServiceUrl[]): string[] {
   const urls = services.filter((s) => s.url !== null && app.primaryOverrides?.[s.name] !== false).map((s) => s.url!);
-  return [...new Set(urls)];
+  const atRoot = (url: string) => (new URL(url).pathname === "/" ? 0 : 1);
+  return [...new Set(urls)].sort((a, b) => atRoot(a) - atRoot(b));
 }
