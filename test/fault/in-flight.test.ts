@@ -5,7 +5,9 @@
  * - health-aggregator killed while a build prints: every line of the build is stored, once;
  * - apps-builds killed while a build runs: the build is recorded completed, with its commit;
  * - deploy-queue killed during a deploy's health check: the deployment completes and the app
- *   serves the new release.
+ *   serves the new release;
+ * - and the agent itself killed for good during a deploy: the queue fails the deployment once
+ *   the agent has been silent long enough (minutes), saying why while it waits.
  */
 import { readFile } from "node:fs/promises";
 import path from "node:path";
@@ -96,4 +98,32 @@ describe("a service killed while the agent works", () => {
     const answer = await viaRouter(app.urls[0]);
     expect(answer).toMatchObject({ status: 200, body: "hello after the fault from node-web (/)\n" });
   });
+
+  // Last: the fleet has no agent afterwards.
+  it("the agent killed for good during a deploy: stuck_class says so while it waits, then it fails naming the host, and the app keeps serving", async () => {
+    const url = (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.urls[0] as string;
+    const serving = await viaRouter(url);
+    expect(serving.status).toBe(200);
+    await web.commit("never answers", { "server.js": serverJs.replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, 600000);`) });
+    const { tag } = await buildRunning(true);
+    const deployId = await waitFor(
+      async () =>
+        (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
+          (d: any) => d.image_tag === tag && d.status === "setup_in_progress" && d.phase === "health_check",
+        )?.id as string | undefined,
+      (id) => !!id,
+      120_000,
+    );
+    const agent = fleet.processes.find((p) => p.name === "agent")!;
+    process.kill(agent.pid!, "SIGKILL");
+    // It waits claimed by a host that no longer answers: in progress, not never claimed.
+    await waitFor(async () => (await call(api, "GET", `/deployments/queue/${deployId}`, { credential: acme })).body.stuck_class, (c) => c === "in_progress", 120_000);
+    const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 300_000);
+    expect(done).toMatchObject({ status: "failed", error_message: expect.stringMatching(/^The agent on host \S+ stopped responding during the action/) });
+    // The agent never reported its end: the phases come from the lines it shipped before it died.
+    const phases = (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body.phases.map((p: { name: string }) => p.name);
+    expect(phases).toEqual(expect.arrayContaining(["setup", "start"]));
+    expect(await viaRouter(url)).toEqual(serving);
+    expect((await call(api, "GET", `/apps/${APP}`, { credential: acme })).body).toMatchObject({ last_deploy_status: "failed", deploy_warning: expect.stringContaining("still serves") });
+  }, 420_000);
 });

@@ -7,7 +7,7 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { Deployment, DeployQueueService, HealthAggregatorService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { LIVE_TAIL_LIMIT, TERMINAL } from "../domain/build-log.ts";
+import { LIVE_TAIL_LIMIT } from "../domain/build-log.ts";
 import { phasesOfShippedLines } from "../domain/deploy-log.ts";
 import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
 
@@ -273,7 +273,8 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
         summary: "Per-phase output of a deployment plus its error message.",
         description:
           "`phases` in order (setup, start, health_check, ready, swap_committed, drain); `crash_output` maps a service to the last lines it wrote when it died during the health checks. " +
-          `While the deployment is in flight, the phases so far are read from the lines its agent has shipped (the last ${LIVE_TAIL_LIMIT}). 404 unknown; 422 malformed id.`,
+          `While the deployment is in flight, and when it ended without its agent's report (the agent stopped answering and the queue failed it), ` +
+          `the phases are read from the lines its agent has shipped (the last ${LIVE_TAIL_LIMIT}). 404 unknown; 422 malformed id.`,
         params: idParams,
         querystring: { type: "object", properties: commonQuery },
         response: {
@@ -298,8 +299,9 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       const caller = callerOf(request);
       const r = await queue.getDeploymentLogs({ caller, deploymentId: deployment_id });
       let phases = r.phases.map((p) => ({ name: p.name, output: p.output }));
-      // The queue holds the phases once the deployment has ended; until then the agent's shipped lines have them.
-      if (phases.length === 0 && !TERMINAL.has(r.status)) {
+      // The queue holds the phases once the agent has reported the end; until then (or if it never
+      // does: the agent died and the queue failed the deployment) the agent's shipped lines have them.
+      if (phases.length === 0) {
         const shipped = await health.queryLogs({ caller, deploymentId: r.deploymentId, source: "deploy", since: "7d", limit: LIVE_TAIL_LIMIT }).catch(() => null);
         if (shipped && !shipped.error) phases = phasesOfShippedLines(shipped.logs);
       }
