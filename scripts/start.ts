@@ -55,12 +55,22 @@ async function shutdown(code: number): Promise<never> {
   process.exit(code);
 }
 
+/**
+ * One Ctrl-C reaches this process twice: from the terminal (the whole foreground process group)
+ * and again from npm, which forwards the signals it gets to its script. A second signal that
+ * close is the same Ctrl-C, not the "again" that forces the stop.
+ */
+const SAME_SIGNAL_MS = 1000;
+let firstSignalAt = 0;
+
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.on(signal, () => {
     if (stopping) {
+      if (Date.now() - firstSignalAt < SAME_SIGNAL_MS) return;
       say("stopping now");
       process.exit(130);
     }
+    firstSignalAt = Date.now();
     say(`\n${signal === "SIGINT" ? "Ctrl-C" : signal}: stopping (press Ctrl-C again to force)`);
     void shutdown(0);
   });
