@@ -588,6 +588,12 @@ describe("reads", () => {
     const silent = await client.diagnoseAction({ caller: acme, actionId: deployId });
     expect(silent.hint).toContain("host h-gone, which runs it, has been silent since 2 min ago");
     expect(silent.hint).toContain("fails after 3 minutes without progress");
+    // The build itself, claimed by that silent host and quiet past the stuck window: only the wait ends it, not a cancel.
+    await sql("update actions set progress_at = now() - interval '2 minutes' where id = ?", [buildId]);
+    const orphan = await client.diagnoseAction({ caller: acme, actionId: buildId });
+    expect(orphan.hint).toBe(
+      "The agent on host h-gone is silent: check that host's agent. If it does not come back, the action fails 3 minutes after its last report; a cancel would wait for the agent too.",
+    );
 
     // An error message ending in a full stop is not given a second one.
     await client.completeAction({ actionId: buildId, hostId: "h-gone", status: "failed", errorMessage: "The build command exited with code 1." });

@@ -69,6 +69,12 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
       if (action.cancelRequested) {
         lines.push("A cancel was requested: the agent stops at its next phase and completes it as cancelled.");
         hint = `Wait for the agent on host ${action.claimedBy} to stop; if it reports nothing, check that host's agent.`;
+      } else if (view!.stuckClass === "in_progress" && claimer && !isLive(claimer.lastSeen, now)) {
+        // A cancel is carried out by the agent: with the agent gone, only the wait ends it.
+        const outcome = action.swapCommittedAt ? "is recorded completed (it rolls forward)" : "fails";
+        hint =
+          `The agent on host ${action.claimedBy} is silent: check that host's agent. If it does not come back, the action ${outcome} ` +
+          `${ORPHANED_AFTER_MS / 60_000} minutes after its last report; a cancel would wait for the agent too.`;
       } else if (view!.stuckClass === "in_progress") {
         hint = `The agent on host ${action.claimedBy} has reported nothing for ${ago(last, now).replace(" ago", "")}: check its logs and heartbeat; cancel with POST /api/deployments/${action.id}/cancel.`;
       } else {
