@@ -50,7 +50,10 @@ function describeExit(exit: ExitInfo | null): string {
   if (exit.oomKilled) return "was killed for exceeding its memory limit";
   if (exit.signal) return `was killed by ${exit.signal}`;
   if (exit.code !== null) return `exited with code ${exit.code}`;
-  return "exited";
+  // Not "exited" alone, which reads as a clean exit: only a process's parent learns its status,
+  // and a replica adopted after an agent restart is not the agent's child (nor is a container
+  // Docker no longer knows).
+  return "exited (exit status unknown)";
 }
 
 export class Supervisor {

@@ -492,6 +492,26 @@ describe("Supervisor", () => {
     expect(events).toHaveLength(2);
   });
 
+  it("says an adopted replica's exit status is unknown rather than that it exited, as a clean exit would read", async () => {
+    const port = await freePort();
+    const spec = makeSpec(nodeCommand(HTTP_SERVER), { port, env: { PORT: String(port) } });
+    const first = newDriver();
+    await first.start(spec);
+    await first.close();
+    const driver = newDriver();
+    await driver.adopt();
+    const events: SupervisorEvent[] = [];
+    const supervisor = new Supervisor({ driver, onEvent: (e) => events.push(e) });
+    supervisors.push(supervisor);
+    supervisor.desire(spec);
+    expect(await get(port, "/exit")).toBe("bye");
+    const crashed = await until(() => events.find((e) => e.kind === "crashed"), "the adopted replica's crash");
+    expect(crashed.message).toMatch(new RegExp(`^Replica ${spec.id} exited \\(exit status unknown\\); restarting`));
+    await until(() => events.some((e) => e.kind === "restarted"), "the restart");
+    supervisor.release(spec.id);
+    await driver.stop(spec.id, 2_000);
+  });
+
   it("starts a replica that had already exited when it is desired (a crash between health check and swap), and logs it", async () => {
     const driver = newDriver();
     const events: SupervisorEvent[] = [];
