@@ -124,12 +124,15 @@ export const appSchema = {
     urls: {
       type: "array",
       items: { type: "string" },
-      description: "Live front doors: the primary routed services of the release serving now (empty while nothing serves, or for a private app).",
+      description:
+        "Live front doors: the primary routed services of the release serving now, the one mounted at / first (empty while nothing serves, or for a private app).",
     },
     services: {
       type: "array",
       description:
-        "The app's services (its config's, and any the serving release still runs), each with its address as routed now: a mount saved with save-config shows once a deploy routes it; null for an unrouted service or while nothing serves.",
+        "The app's services in the order the config declares them (its config's, and any the serving release still runs), each with its address as routed now: " +
+        "a mount saved with save-config shows once a deploy routes it; null for an unrouted service or while nothing serves. A path-mounted service " +
+        "receives the request's whole path, its mount included (`/api/x` reaches the service mounted at `/api` as `/api/x`).",
       items: { type: "object", properties: { name: { type: "string" }, url: nullableString } },
     },
     database_enabled: { type: "boolean" },
