@@ -491,9 +491,8 @@ export class Deployer {
     }
   }
 
-  /** The flip: the route moves to the new colour in one router call. */
   /**
-   * The swap: the host state names the new colour, then the router is told. Returns null, or the
+   * The flip: the host state names the new colour, then the route moves to it in one router call. Returns null, or the
    * deploy warning of a router that never answered (the deploy still rolls forward).
    */
   async #commit(inflight: InflightDeploy, previous: DeployedApp | undefined, emit: (l: LogLevel, m: string, s?: string) => void): Promise<string | null> {

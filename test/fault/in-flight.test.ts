@@ -51,6 +51,18 @@ async function buildRunning(autoDeploy: boolean): Promise<{ buildId: string; tag
   return { buildId: b.body.build_id, tag: b.body.tag };
 }
 
+/** The deployment of `tag` once it waits for its health check. */
+async function inHealthCheck(tag: string): Promise<string> {
+  return waitFor(
+    async () =>
+      (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
+        (d: any) => d.image_tag === tag && d.status === "setup_in_progress" && d.phase === "health_check",
+      )?.id as string | undefined,
+    (id) => !!id,
+    120_000,
+  ) as Promise<string>;
+}
+
 describe("a service killed while the agent works", () => {
   it("health-aggregator killed while a build prints: every line is stored once", async () => {
     const { buildId } = await buildRunning(false);
@@ -82,14 +94,7 @@ describe("a service killed while the agent works", () => {
       "server.js": serverJs.replace("hello from node-web", "hello after the fault from node-web").replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, 4000);`),
     });
     const { tag } = await buildRunning(true);
-    const deployId = await waitFor(
-      async () =>
-        (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
-          (d: any) => d.image_tag === tag && d.status === "setup_in_progress" && d.phase === "health_check",
-        )?.id as string | undefined,
-      (id) => !!id,
-      120_000,
-    );
+    const deployId = await inHealthCheck(tag);
     await fleet.restart("deploy-queue");
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 90_000);
     expect(done).toMatchObject({ status: "completed", image_tag: tag, error_message: null });
@@ -106,14 +111,7 @@ describe("a service killed while the agent works", () => {
     expect(serving.status).toBe(200);
     await web.commit("never answers", { "server.js": serverJs.replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, 600000);`) });
     const { tag } = await buildRunning(true);
-    const deployId = await waitFor(
-      async () =>
-        (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.items.find(
-          (d: any) => d.image_tag === tag && d.status === "setup_in_progress" && d.phase === "health_check",
-        )?.id as string | undefined,
-      (id) => !!id,
-      120_000,
-    );
+    const deployId = await inHealthCheck(tag);
     const agent = fleet.processes.find((p) => p.name === "agent")!;
     process.kill(agent.pid!, "SIGKILL");
     // It waits claimed by a host that no longer answers: in progress, not never claimed.
