@@ -6,6 +6,7 @@
  * honoured between phases; the whole build has a deadline.
  */
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
@@ -113,6 +114,11 @@ export async function removePartialImages(imageDir: string): Promise<number> {
  * Runs a command (a shell line through `sh -c`, or an argv run as is) in its own process group,
  * streaming lines; killed at the deadline.
  */
+/** How long a command's output may go on after its process exited before the pipes are closed. */
+const OUTPUT_DRAIN_MS = 1_000;
+/** The environment variable that marks each process a build command starts (killLeftovers). */
+const RUN_MARK = "PLATFORM_BUILD_RUN";
+
 function runCommand(
   command: string | string[],
   opts: {
@@ -128,7 +134,8 @@ function runCommand(
   if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
   return new Promise((resolve, reject) => {
     const [file, ...args] = typeof command === "string" ? ["sh", "-c", command] : command;
-    const child = spawn(file!, args, { cwd: opts.cwd, env: opts.env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const run = randomBytes(8).toString("hex");
+    const child = spawn(file!, args, { cwd: opts.cwd, env: { ...opts.env, [RUN_MARK]: run }, stdio: ["ignore", "pipe", "pipe"], detached: true });
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
@@ -191,13 +198,53 @@ function runCommand(
       clearTimeout(timer);
       reject(e);
     });
-    child.once("close", (code) => {
+    let settled = false;
+    const settle = (code: number | null) => {
+      if (settled) return;
+      settled = true;
       clearTimeout(timer);
+      clearTimeout(drain);
       out.end();
       err.end();
-      resolve({ code, timedOut });
+      // A process the command left behind ends with it (see killLeftovers), done or timed out.
+      void killLeftovers(run).then(() => resolve({ code, timedOut }));
+    };
+    let drain: NodeJS.Timeout | undefined;
+    // The command's end is its own process's exit. Its output pipes may stay open past that, held by
+    // a process it started in a session of its own (a daemon): waiting for them to close waited for
+    // that process, past the build's time limit and any cancel.
+    child.once("exit", (code) => {
+      drain = setTimeout(() => {
+        child.stdout.destroy();
+        child.stderr.destroy();
+        settle(code);
+      }, OUTPUT_DRAIN_MS);
     });
+    child.once("close", (code) => settle(code));
   });
+}
+
+/**
+ * Kills every process still carrying the run's mark in its environment: what a command started
+ * and left behind, in its process group or out of it (setsid). Processes of other users cannot be
+ * read, and are not the agent's to kill.
+ */
+async function killLeftovers(run: string): Promise<void> {
+  const mark = Buffer.from(`${RUN_MARK}=${run}\0`);
+  const pids = await readdir("/proc").catch(() => [] as string[]);
+  await Promise.all(
+    pids
+      .filter((p) => /^\d+$/.test(p))
+      .map(async (pid) => {
+        const environ = await readFile(`/proc/${pid}/environ`).catch(() => null);
+        if (!environ?.includes(mark)) return;
+        try {
+          process.kill(Number(pid), "SIGKILL");
+        } catch {
+          // gone in between
+        }
+      }),
+  );
 }
 
 /** The environment of build commands: nothing of the agent's own secrets, a PATH and a HOME. */

@@ -116,6 +116,33 @@ it("stops before packaging when the queue took a cancel while the build command 
   await expect(stat(path.join(dir, "images", "node-web", "main-00000004.tar.gz"))).rejects.toThrow(/ENOENT/);
 });
 
+/** Pids of the processes whose command line is exactly `argv`. */
+async function processesRunning(argv: string[]): Promise<string[]> {
+  const found: string[] = [];
+  for (const pid of (await readdir("/proc")).filter((p) => /^\d+$/.test(p))) {
+    const cmdline = await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+    if (cmdline === `${argv.join("\0")}\0`) found.push(pid);
+  }
+  return found;
+}
+
+it("ends a build command when its process exits, though a daemon it started holds its output open, and kills that daemon", async () => {
+  // A unique sleep, started in a session of its own (out of the command's process group), keeping stdout open.
+  const daemon = ["sleep", "97.25"];
+  const leaver = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy(`(setsid ${daemon.join(" ")} &) && echo build-finished`) } });
+  try {
+    const lines: string[] = [];
+    const started = Date.now();
+    const outcome = await runBuild({ ...job("main-00000009", false), repository: leaver.url }, { ...deps(), log: (l) => void lines.push(l.message) });
+    expect(outcome).toMatchObject({ status: "completed", error_message: "" });
+    expect(Date.now() - started).toBeLessThan(30_000);
+    expect(lines).toContain("build-finished");
+    expect(await processesRunning(daemon)).toEqual([]);
+  } finally {
+    await leaver.cleanup();
+  }
+});
+
 it("removes the partial archives an agent stopped while packaging left, and nothing else", async () => {
   const images = path.join(dir, "partials");
   await mkdir(path.join(images, "shop"), { recursive: true });
