@@ -27,7 +27,7 @@ import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState
 import type { Mutex } from "./mutex.ts";
 import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
-import type { Supervisor } from "./supervisor.ts";
+import { describeExit, type Supervisor } from "./supervisor.ts";
 import { errorText } from "./error-text.ts";
 import { pruneImages, pruneReleases } from "./retention.ts";
 
@@ -457,9 +457,17 @@ export class Deployer {
       const dead = replicas.filter((r) => !this.#running(r.id));
       if (dead.length > 0) {
         const crash = await this.#crashOutput(dead);
-        const names = [...new Set(dead.map((r) => r.service))];
         for (const [service, lines] of Object.entries(crash)) for (const line of lines) emit("error", line, service);
-        throw new DeployFailure(`Service ${names.join(", ")} exited during the health checks.`, crash);
+        // How each service's first dead replica ended: an OOM kill or an exit code says what to fix.
+        const states = new Map(this.#d.driver.list().map((s) => [s.spec.id, s]));
+        const ends = new Map<string, string>();
+        for (const r of dead) {
+          if (ends.has(r.service)) continue;
+          const exit = states.get(r.id)?.exit ?? null;
+          ends.set(r.service, `${describeExit(exit)}${exit?.oomKilled && r.memoryMb ? ` (memory_mb ${r.memoryMb})` : ""}`);
+        }
+        const what = [...ends].map(([service, end]) => `service ${service} ${end}`).join("; ");
+        throw new DeployFailure(`${what.charAt(0).toUpperCase()}${what.slice(1)} during the health checks.`, crash);
       }
       for (const r of replicas) {
         if (!waiting.has(r.id)) continue;

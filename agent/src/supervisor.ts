@@ -45,7 +45,8 @@ interface Desired {
   handledRun: number | null;
 }
 
-function describeExit(exit: ExitInfo | null): string {
+/** How a replica ended, as its log lines and error messages say it. */
+export function describeExit(exit: ExitInfo | null): string {
   if (!exit) return "exited";
   if (exit.oomKilled) return "was killed for exceeding its memory limit";
   if (exit.signal) return `was killed by ${exit.signal}`;

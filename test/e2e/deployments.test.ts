@@ -180,13 +180,14 @@ describe("a build deployed by the agent", () => {
     const before = await getApp();
     await web.commit("crash", { "server.js": 'console.log("starting");\nconsole.error("fatal: GREETING is " + process.env.GREETING);\nprocess.exit(3);\n' });
     const crashed = await buildAndDeploy();
-    expect(crashed.deploy).toMatchObject({ status: "failed", error_message: expect.stringContaining("web exited during the health checks") });
+    // How it ended, exit code included: what to fix is in it.
+    expect(crashed.deploy).toMatchObject({ status: "failed", error_message: "Service web exited with code 3 during the health checks." });
     const app = await appAfter("failed");
     expect(app).toMatchObject({
       deploy_status: "failed",
       running_version: before.running_version,
       last_deploy_status: "failed",
-      last_deploy_error: expect.stringContaining("exited during the health checks"),
+      last_deploy_error: expect.stringContaining("exited with code 3 during the health checks"),
       deploy_warning: expect.stringContaining(`${before.running_version} still serves`),
     });
     expect(app.last_crash_output.web).toEqual(["starting", "fatal: GREETING is hello-vars"]);
