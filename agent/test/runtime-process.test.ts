@@ -202,6 +202,19 @@ describe.each(["auto", "off"] as const)("ProcessDriver with sandbox %s", (mode) 
     expect(exited).toHaveLength(1);
   });
 
+  it("keeps a crash's last stderr line last, after a burst of stdout written before it", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    // The driver starts reading at the first line, while the rest are still being written.
+    const burst = `setTimeout(() => { for (let i = 1; i <= 50; i++) console.log("line " + i); console.error("fatal: broke"); process.exit(3); }, 300);`;
+    const spec = makeSpec(nodeCommand(burst));
+    await driver.start(spec);
+    await until(() => exited[0], "the exit");
+    const tail = await driver.tail(spec.id, 30);
+    expect(tail.at(-1)).toBe("fatal: broke");
+    expect(tail.slice(0, -1)).toEqual(Array.from({ length: 29 }, (_, i) => `line ${i + 22}`));
+  });
+
   it("stops gracefully: the SIGTERM handler runs, and onExit is not called", async () => {
     const driver = newDriver({ sandbox: mode });
     const exited = exits(driver);

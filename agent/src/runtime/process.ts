@@ -835,10 +835,14 @@ export class ProcessDriver implements RuntimeDriver {
   async #readOnce(replica: Replica, final: boolean): Promise<boolean> {
     const batches: Array<{ stream: Stream; lines: string[]; mtime: bigint }> = [];
     let more = false;
-    for (const stream of STREAMS) {
+    // Both files' sizes first, then each read up to its own: one cut across the streams. Read one
+    // after the other, a line written to stderr after the last stdout read came in ahead of stdout
+    // lines written before it (a crash's last words among its earlier output).
+    const sizes = await Promise.all(STREAMS.map((stream) => stat(path.join(replica.dir, `${stream}.log`), { bigint: true }).catch(() => null)));
+    for (const [i, stream] of STREAMS.entries()) {
       const cursor = replica.cursors[stream];
       const file = path.join(replica.dir, `${stream}.log`);
-      const st = await stat(file, { bigint: true }).catch(() => null);
+      const st = sizes[i];
       if (!st) continue;
       const size = Number(st.size);
       if (size < cursor.pos) Object.assign(cursor, { pos: 0, pending: Buffer.alloc(0) });
