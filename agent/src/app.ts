@@ -71,7 +71,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   });
 
   const beat = async () => {
-    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, process.cwd(), runtime.inventory());
+    // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.
+    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, resolvePath(config.AGENT_RUN_DIR), runtime.inventory());
     bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
   };
   const beatNow = () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed"));
