@@ -112,6 +112,9 @@ describe("a service killed while the agent works", () => {
     await web.commit("never answers", { "server.js": serverJs.replace(LISTEN, `setTimeout(() => ${LISTEN.slice(0, -1)}, 600000);`) });
     const { tag } = await buildRunning(true);
     const deployId = await inHealthCheck(tag);
+    // Killed once its lines so far are shipped (the agent sends them in batches, 200 ms apart): what a
+    // dead agent had not sent yet is lost with it.
+    await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body.phases.length, (n) => n >= 2, 30_000);
     const agent = fleet.processes.find((p) => p.name === "agent")!;
     process.kill(agent.pid!, "SIGKILL");
     // It waits claimed by a host that no longer answers: in progress, not never claimed.
