@@ -20,6 +20,7 @@ import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
+import { Sandbox } from "./sandbox.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -49,6 +50,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   };
   const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
   const shipper = new LogShipper({ bus, defaults: { instance_id: config.AGENT_HOST_ID }, logger });
+  // npm start keeps the root key and the servers' data under .data: no tenant code may read them.
+  const hidden = [config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, config.AGENT_RUN_DIR, ".data"].map((p) => resolvePath(p));
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
   let beatOnChange: (() => void) | null = null;
@@ -60,8 +63,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     dockerSocket: config.AGENT_DOCKER_SOCKET,
     routerAdminUrl: config.AGENT_ROUTER_ADMIN_URL,
     routerPort: config.PLATFORM_ROUTER_PORT,
-    // npm start keeps the root key and the servers' data under .data: no app may read them.
-    hide: [config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, ".data"].map((p) => resolvePath(p)),
+    hide: hidden,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }),
     bus,
@@ -115,6 +117,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
       publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
       releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
+      sandbox: new Sandbox({ hide: hidden, logger, what: "build commands" }),
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

@@ -14,6 +14,7 @@ import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
+import type { Sandbox } from "./sandbox.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -60,6 +61,11 @@ export interface BuildDeps {
   releaseDir?(job: BuildJob): string;
   /** Said first in the build's log, as a warning (the agent restarted during an earlier run, say). */
   notice?: string;
+  /**
+   * Where build commands run: the repository's code is the tenant's, so it writes only its checkout
+   * and its HOME and sees neither the agent's files nor its processes. Unsandboxed when absent.
+   */
+  sandbox?: Sandbox;
 }
 
 export interface BuildOutcome {
@@ -110,17 +116,14 @@ export async function removePartialImages(imageDir: string): Promise<number> {
   return removed;
 }
 
-/**
- * Runs a command (a shell line through `sh -c`, or an argv run as is) in its own process group,
- * streaming lines; killed at the deadline.
- */
 /** How long a command's output may go on after its process exited before the pipes are closed. */
 const OUTPUT_DRAIN_MS = 1_000;
 /** The environment variable that marks each process a build command starts (killLeftovers). */
 const RUN_MARK = "PLATFORM_BUILD_RUN";
 
+/** Runs a command in its own process group, streaming lines; killed at the deadline. */
 function runCommand(
-  command: string | string[],
+  argv: string[],
   opts: {
     cwd: string;
     env: NodeJS.ProcessEnv;
@@ -133,7 +136,7 @@ function runCommand(
   const remaining = opts.deadline - Date.now();
   if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
   return new Promise((resolve, reject) => {
-    const [file, ...args] = typeof command === "string" ? ["sh", "-c", command] : command;
+    const [file, ...args] = argv;
     const run = randomBytes(8).toString("hex");
     const child = spawn(file!, args, { cwd: opts.cwd, env: { ...opts.env, [RUN_MARK]: run }, stdio: ["ignore", "pipe", "pipe"], detached: true });
     let timedOut = false;
@@ -371,7 +374,9 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       await enter(`build:${name}`);
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
-      const run = await runCommand(service.build, {
+      const command = ["/bin/sh", "-c", service.build];
+      const argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
+      const run = await runCommand(argv, {
         cwd: src,
         env: buildEnv(job, home),
         deadline,

@@ -4,6 +4,7 @@
  * on this host looks for the release, so it need not unpack the image it was just packed into.
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -11,6 +12,11 @@ import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/
 import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
+import { probeSandbox, Sandbox } from "../src/sandbox.ts";
+
+// Build commands run as the agent runs them: sandboxed where this machine can.
+const sandbox = await probeSandbox();
+const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 
 let dir: string;
 let repo: FixtureRepo;
@@ -36,6 +42,7 @@ const deps = (): BuildDeps => ({
   phase: async () => false,
   publishImage: async (app, tag) => void published.push(`${app}:${tag}`),
   releaseDir: (job) => releaseDir(path.join(dir, "run"), job.group_slug, job.app_name, job.branch, job.tag),
+  sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), path.join(dir, "run")], what: "build commands" }),
 });
 
 const job = (tag: string, autoDeploy: boolean): BuildJob => ({
@@ -140,6 +147,49 @@ it("ends a build command when its process exits, though a daemon it started hold
     expect(await processesRunning(daemon)).toEqual([]);
   } finally {
     await leaver.cleanup();
+  }
+});
+
+it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its checkout, HOME and a private /tmp, and sees neither the agent's files nor its processes${noSandbox}`, async () => {
+  // Outside /tmp, which the sandbox replaces with its own tmpfs anyway.
+  const outside = await mkdtemp("/var/tmp/agent-builder-outside-");
+  const secrets = path.join(outside, "secrets");
+  await mkdir(secrets);
+  await writeFile(path.join(secrets, "root-key"), "sk-root");
+  const probe = `
+    const fs = require("node:fs");
+    const attempt = (f) => { try { f(); return "ok"; } catch (e) { return e.code; } };
+    console.log("PROBE " + JSON.stringify({
+      checkout: attempt(() => fs.writeFileSync("built-here.txt", "yes")),
+      home: attempt(() => fs.writeFileSync(process.env.HOME + "/cache", "yes")),
+      tmp: attempt(() => fs.writeFileSync("/tmp/scratch", "yes")),
+      host: attempt(() => fs.writeFileSync(${JSON.stringify(path.join(outside, "escaped"))}, "yes")),
+      secret: attempt(() => fs.readFileSync(${JSON.stringify(path.join(secrets, "root-key"))}, "utf8")),
+      images: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "images"))}).length || fs.readdirSync("/nonexistent")),
+      agent: attempt(() => process.kill(${process.pid}, 0)),
+      processes: fs.readdirSync("/proc").filter((p) => /^[0-9]+$/.test(p)).length,
+    }));
+  `;
+  const fixture = await makeFixtureRepo("node-web", { files: { "probe.cjs": probe, "platform.yaml": webConfigBuiltBy("node probe.cjs") } });
+  try {
+    // The image store of this test's agent has an archive in it by now: hidden, it reads as empty.
+    await mkdir(path.join(dir, "images", "seen"), { recursive: true });
+    const lines: string[] = [];
+    const d = deps();
+    const outcome = await runBuild({ ...job("main-0000000a", true), repository: fixture.url }, { ...d, sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), secrets], what: "build commands" }), log: (l) => void lines.push(l.message) });
+    expect(outcome, lines.join("\n")).toMatchObject({ status: "completed", error_message: "" });
+    const seen = JSON.parse(lines.find((l) => l.startsWith("PROBE "))!.slice("PROBE ".length));
+    expect(seen).toMatchObject({ checkout: "ok", home: "ok", tmp: "ok", host: "EROFS", secret: "ENOENT", agent: "ESRCH" });
+    expect(seen.images).not.toBe("ok");
+    // Its own pid namespace: the shell, node and the sandbox's init, not the host's processes.
+    expect(seen.processes).toBeLessThan(6);
+    expect(existsSync(path.join(outside, "escaped"))).toBe(false);
+    // What it wrote in its checkout is the build's output: in the release.
+    const kept = releaseDir(path.join(dir, "run"), "acme", "node-web", fixture.branch, "main-0000000a");
+    expect(await readFile(path.join(kept, "built-here.txt"), "utf8")).toBe("yes");
+  } finally {
+    await fixture.cleanup();
+    await rm(outside, { recursive: true, force: true });
   }
 });
 

@@ -15,6 +15,7 @@ import path from "node:path";
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 import { errorText } from "../error-text.ts";
+import { Sandbox } from "../sandbox.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -168,15 +169,6 @@ async function waitFor(check: () => Promise<boolean>, timeoutMs: number): Promis
   }
 }
 
-async function findOnPath(name: string): Promise<string | null> {
-  for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
-    if (!dir) continue;
-    const file = path.join(dir, name);
-    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
-  }
-  return null;
-}
-
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
   const tmp = `${file}.tmp`;
   await writeFile(tmp, JSON.stringify(value));
@@ -203,53 +195,6 @@ async function lastLines(file: string, n: number): Promise<string[]> {
   } finally {
     await fh.close();
   }
-}
-
-
-/**
- * The bubblewrap arguments of a replica. The network stays shared: the replica listens on
- * 127.0.0.1:PORT for Caddy on the host. No --die-with-parent, since replicas must outlive the
- * agent. No --new-session either: stop() signals the process group, which must still reach the
- * command, and the group's session (made by `detached`) has no terminal that --new-session would
- * protect. Capabilities are dropped because the agent may run as root, and root with
- * CAP_SYS_ADMIN could remount the read-only root writable.
- */
-function sandboxArgs(releaseDir: string, home: string, hidden: string[]): string[] {
-  return [
-    "--ro-bind", "/", "/",
-    "--dev", "/dev",
-    "--proc", "/proc",
-    // Before the binds: the release or the home may lie under /tmp or a hidden path, and must show through.
-    "--tmpfs", "/tmp",
-    ...hidden.flatMap((p) => ["--tmpfs", p]),
-    "--bind", releaseDir, releaseDir,
-    "--bind", home, home,
-    "--unshare-pid",
-    "--unshare-ipc",
-    "--cap-drop", "ALL",
-    "--chdir", releaseDir,
-  ];
-}
-
-export type SandboxProbe = { ok: true; bwrap: string } | { ok: false; reason: string };
-
-/** Whether bubblewrap is installed and can create the namespaces a replica's sandbox needs. */
-export async function probeSandbox(): Promise<SandboxProbe> {
-  const bwrap = await findOnPath("bwrap");
-  if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
-  const args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL", "true"];
-  return new Promise((resolve) => {
-    const child = spawn(bwrap, args, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
-    let stderr = "";
-    child.stderr.on("data", (chunk: Buffer) => {
-      if (stderr.length < 2000) stderr += chunk.toString("utf8");
-    });
-    child.once("error", (err) => resolve({ ok: false, reason: `bwrap could not be run: ${err.message}` }));
-    child.once("close", (code, signal) => {
-      if (code === 0) resolve({ ok: true, bwrap });
-      else resolve({ ok: false, reason: `bwrap failed here (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}` });
-    });
-  });
 }
 
 
@@ -409,13 +354,11 @@ export class ProcessDriver implements RuntimeDriver {
   readonly name = "process";
   readonly #runDir: string;
   readonly #logger: Logger | undefined;
-  readonly #sandboxMode: "auto" | "off";
   readonly #memoryMode: "auto" | "off";
-  readonly #hide: string[];
+  readonly #sandbox: Sandbox;
   readonly #replicas = new Map<string, Replica>();
   readonly #exitListeners: Array<(state: ReplicaState) => void> = [];
   readonly #outputListeners: Array<(line: OutputLine) => void> = [];
-  #sandbox: Promise<string | null> | null = null;
   #memory: Promise<MemoryCgroup | null> | null = null;
   #outputTimer: NodeJS.Timeout | null = null;
   #exitTimer: NodeJS.Timeout | null = null;
@@ -423,21 +366,9 @@ export class ProcessDriver implements RuntimeDriver {
 
   constructor(opts: ProcessDriverOptions) {
     this.#runDir = path.resolve(opts.runDir);
-    this.#hide = [this.#runDir, ...(opts.hide ?? []).map((p) => path.resolve(p))];
     this.#logger = opts.logger;
-    this.#sandboxMode = opts.sandbox ?? "auto";
+    this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, logger: opts.logger, what: "replicas" });
     this.#memoryMode = opts.memoryLimits ?? "auto";
-  }
-
-  /**
-   * The hidden paths that exist (a tmpfs needs a mount point), outermost only: a path inside
-   * another is hidden with it, and a sandbox cannot create a mount point on the read-only root.
-   */
-  async #hidden(): Promise<string[]> {
-    const existing: string[] = [];
-    for (const p of this.#hide) if (p !== "/" && (await stat(p).catch(() => null))?.isDirectory()) existing.push(p);
-    const within = (p: string, q: string) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
-    return [...new Set(existing)].filter((p) => !existing.some((q) => within(p, q))).sort();
   }
 
   /**
@@ -452,7 +383,7 @@ export class ProcessDriver implements RuntimeDriver {
     const home = path.join(dir, "home");
     const releaseDir = path.resolve(spec.releaseDir);
     await mkdir(home, { recursive: true });
-    const [bwrap, memory] = await Promise.all([this.#sandboxReady(), spec.memoryMb ? this.#memoryReady() : null]);
+    const memory = spec.memoryMb ? await this.#memoryReady() : null;
 
     let cgroup: string | null = null;
     let oomBase = 0;
@@ -469,8 +400,9 @@ export class ProcessDriver implements RuntimeDriver {
     const previousCgroup = previous?.record.cgroup;
     if (previousCgroup && previousCgroup !== cgroup) await removeCgroup(previousCgroup).catch(() => undefined);
 
-    let argv = ["/bin/sh", "-c", spec.command];
-    if (bwrap) argv = [bwrap, ...sandboxArgs(releaseDir, home, await this.#hidden()), "--", ...argv];
+    // No --die-with-parent: replicas must outlive the agent.
+    const sandboxed = await this.#sandbox.wrap(["/bin/sh", "-c", spec.command], { writable: [releaseDir, home], chdir: releaseDir, dieWithParent: false });
+    let argv = sandboxed.argv;
     // The shell joins the cgroup before it execs the rest, so the command never runs unlimited.
     if (cgroup) argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
     const env: Record<string, string> = {
@@ -509,7 +441,7 @@ export class ProcessDriver implements RuntimeDriver {
       procStart: (await procStat(pid))?.start ?? "",
       cgroup,
       oomBase,
-      sandboxed: bwrap !== null,
+      sandboxed: sandboxed.sandboxed,
       capability: { httpClient: await probeHttpClient(env.PATH ?? DEFAULT_PATH), probedAt: new Date().toISOString() },
     };
     const replica = this.#newReplica(record, dir, cursors);
@@ -581,7 +513,7 @@ export class ProcessDriver implements RuntimeDriver {
   async adopt(): Promise<ReplicaState[]> {
     this.#assertOpen();
     // The host's sandbox and cgroups are probed while the agent starts, not by its first deploy.
-    void this.#sandboxReady();
+    void this.#sandbox.ready();
     void this.#memoryReady();
     const root = path.join(this.#runDir, "replicas");
     const ids = await readdir(root).catch(() => [] as string[]);
@@ -671,19 +603,6 @@ export class ProcessDriver implements RuntimeDriver {
       exit: replica.exit ? { ...replica.exit } : null,
       ...(replica.record.capability ? { capability: { httpClient: replica.record.capability.httpClient, probedAt: new Date(replica.record.capability.probedAt) } } : {}),
     };
-  }
-
-  #sandboxReady(): Promise<string | null> {
-    if (this.#sandboxMode === "off") return Promise.resolve(null);
-    this.#sandbox ??= probeSandbox().then((probe) => {
-      if (probe.ok) {
-        this.#logger?.info({ bwrap: probe.bwrap }, "replicas run sandboxed with bubblewrap");
-        return probe.bwrap;
-      }
-      this.#logger?.warn({ reason: probe.reason }, "replicas run without a sandbox");
-      return null;
-    });
-    return this.#sandbox;
   }
 
   #memoryReady(): Promise<MemoryCgroup | null> {
