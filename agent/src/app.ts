@@ -13,7 +13,7 @@ import { LogShipper } from "@platform/logship";
 import { createServiceClient } from "@platform/rpc";
 import { AppsBuildsService, DeployQueueService } from "@platform/proto";
 import { startWorkLane } from "./work.ts";
-import { HEARTBEAT_INTERVAL_MS, sampleHeartbeat } from "./heartbeat.ts";
+import { HEARTBEAT_INTERVAL_MS, LoadSampler, sampleHeartbeat } from "./heartbeat.ts";
 import { clearAbandonedWork } from "./work-dir.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 import { publishImage } from "./image-store.ts";
@@ -72,9 +72,10 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     onChange: () => beatOnChange?.(),
   });
 
+  const load = new LoadSampler();
   const beat = async () => {
     // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.
-    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, resolvePath(config.AGENT_RUN_DIR), runtime.inventory());
+    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, resolvePath(config.AGENT_RUN_DIR), runtime.inventory(), load);
     bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
   };
   const beatNow = () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed"));
