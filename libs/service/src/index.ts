@@ -65,17 +65,34 @@ async function natsStatus(bus: Bus): Promise<string> {
 
 const LEDGER_PRUNE_INTERVAL_MS = 3600_000;
 
-/** Runs `job` every `intervalMs`, never twice at once; `stop` waits for a run in progress. */
+/** How soon after start a periodic job first runs, when its interval is longer. */
+const FIRST_RUN_MAX_MS = 60_000;
+
+/**
+ * Runs `job` every `intervalMs`, never twice at once; `stop` waits for a run in progress. The first
+ * run comes within a minute of start: an hourly upkeep of a service restarted more often than hourly
+ * (a deploy a day, a crash loop) would otherwise never run.
+ */
 export function every(intervalMs: number, job: () => Promise<void>): { stop(): Promise<void> } {
   let running: Promise<void> | null = null;
-  const timer = setInterval(() => {
+  let stopped = false;
+  const run = () => {
     running ??= job().finally(() => {
       running = null;
     });
-  }, intervalMs);
-  timer.unref();
+  };
+  let timer: NodeJS.Timeout | undefined;
+  const first = setTimeout(() => {
+    if (stopped) return;
+    run();
+    timer = setInterval(run, intervalMs);
+    timer.unref();
+  }, Math.min(intervalMs, FIRST_RUN_MAX_MS));
+  first.unref();
   return {
     async stop() {
+      stopped = true;
+      clearTimeout(first);
       clearInterval(timer);
       await running;
     },
