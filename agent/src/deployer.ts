@@ -152,15 +152,31 @@ export function freePort(): Promise<number> {
   });
 }
 
-/** One GET of the health path: a 2xx or 3xx answer within 2 s passes. */
-export function probeHealth(port: number, healthPath: string): Promise<boolean> {
+/** How long one GET of a health path may take. */
+const HEALTH_PROBE_TIMEOUT_MS = 2_000;
+
+/**
+ * One GET of the health path: a 2xx or 3xx answer within 2 s passes. `seen` says what came back,
+ * for the deploy's error when the check never passes.
+ */
+export function probeHealth(port: number, healthPath: string): Promise<{ ok: boolean; seen: string }> {
   return new Promise((resolve) => {
-    const req = http.get({ host: "127.0.0.1", port, path: healthPath, timeout: 2000, agent: false }, (res) => {
+    const req = http.get({ host: "127.0.0.1", port, path: healthPath, timeout: HEALTH_PROBE_TIMEOUT_MS, agent: false }, (res) => {
       res.resume();
-      resolve((res.statusCode ?? 500) < 400);
+      const status = res.statusCode ?? 500;
+      resolve({ ok: status < 400, seen: `answered ${status}` });
     });
-    req.on("timeout", () => req.destroy());
-    req.on("error", () => resolve(false));
+    let timedOut = false;
+    req.on("timeout", () => {
+      timedOut = true;
+      req.destroy();
+    });
+    req.on("error", (err: NodeJS.ErrnoException) => {
+      if (timedOut) resolve({ ok: false, seen: `did not answer within ${HEALTH_PROBE_TIMEOUT_MS / 1000} s` });
+      // The usual cause: the service listens on a port of its own rather than the one it is given.
+      else if (err.code === "ECONNREFUSED") resolve({ ok: false, seen: "found nothing listening on the service's PORT" });
+      else resolve({ ok: false, seen: `failed: ${err.code ?? err.message}` });
+    });
   });
 }
 
@@ -448,6 +464,8 @@ export class Deployer {
     const started = Date.now();
     const deadline = started + this.#d.healthTimeoutMs;
     const waiting = new Set(replicas.map((r) => r.id));
+    /** The last answer to each waiting replica's health GET. */
+    const seen = new Map<string, string>();
     let lookedAt = started;
     for (;;) {
       if (Date.now() - lookedAt >= CANCEL_LOOK_MS) {
@@ -476,7 +494,9 @@ export class Deployer {
           waiting.delete(r.id);
           continue;
         }
-        if (await probeHealth(r.port, svc.health)) {
+        const probe = await probeHealth(r.port, svc.health);
+        seen.set(r.id, probe.seen);
+        if (probe.ok) {
           waiting.delete(r.id);
           emit("info", `Replica ${r.index + 1} answers ${svc.health}`, r.service);
         }
@@ -492,8 +512,16 @@ export class Deployer {
         continue;
       }
       if (Date.now() >= deadline) {
-        const names = [...new Set(replicas.filter((r) => waiting.has(r.id)).map((r) => r.service))];
-        throw new DeployFailure(`Service ${names.join(", ")} did not pass its health check within ${Math.round(this.#d.healthTimeoutMs / 1000)} s.`);
+        // Each failing service once, by the last answer of its first replica still waiting.
+        const last = new Map<string, string>();
+        for (const r of replicas) if (waiting.has(r.id) && !last.has(r.service)) last.set(r.service, `GET ${app.services[r.service]!.health} ${seen.get(r.id) ?? "was not sent"}`);
+        const within = `within ${Math.round(this.#d.healthTimeoutMs / 1000)} s`;
+        const [only, answer] = [...last][0]!;
+        throw new DeployFailure(
+          last.size === 1
+            ? `Service ${only} did not pass its health check ${within}: the last ${answer}.`
+            : `Services ${[...last.keys()].join(", ")} did not pass their health checks ${within}: ${[...last].map(([service, a]) => `${service}'s last ${a}`).join("; ")}.`,
+        );
       }
       await sleep(Date.now() - started < HEALTH_FAST_WINDOW_MS ? HEALTH_FAST_POLL_MS : HEALTH_POLL_MS);
     }

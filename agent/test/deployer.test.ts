@@ -440,3 +440,27 @@ it("rolls forward past the swap commit when the router never answers: completed 
   expect(routes).toContain(`127.0.0.1:${port}`);
   expect((await deployer.undeploy({ ...branch, action_type: "UNDEPLOY" })).status).toBe("completed");
 });
+
+it("fails a deploy whose health check never passes with what the health path last answered, and the running version keeps serving", async () => {
+  expect((await deployer.deploy({ ...job, action_id: "0d1e2f3a-4b5c-4d6e-9f7a-8b9c0d1e2f3a", image_tag: "main-4567cdef" })).status).toBe("completed");
+  const failing = (run: string) => {
+    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: ${run}\n    port: 8080\n    health: /healthz\n`);
+    if (!parsed.ok) throw new Error(`the config is invalid: ${JSON.stringify(parsed.errors)}`);
+    return new Deployer({ ...baseDeps, healthTimeoutMs: 2_500, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
+  };
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-3333bbbb"), { recursive: true });
+
+  const unhealthy = failing(`node -e "require('node:http').createServer((q, s) => { s.statusCode = 503; s.end() }).listen(process.env.PORT)"`);
+  expect(await unhealthy.deploy({ ...job, action_id: "1e2f3a4b-5c6d-4e7f-8a9b-0c1d2e3f4a5b", image_tag: "main-3333bbbb" })).toMatchObject({
+    status: "failed",
+    error_message: "Service web did not pass its health check within 3 s: the last GET /healthz answered 503.",
+  });
+  // Listening on a port of its own, not PORT.
+  const elsewhere = failing(`node -e "require('node:http').createServer((q, s) => s.end()).listen(0)"`);
+  expect(await elsewhere.deploy({ ...job, action_id: "2f3a4b5c-6d7e-4f8a-9b0c-1d2e3f4a5b6c", image_tag: "main-3333bbbb" })).toMatchObject({
+    status: "failed",
+    error_message: "Service web did not pass its health check within 3 s: the last GET /healthz found nothing listening on the service's PORT.",
+  });
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+  expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+});
