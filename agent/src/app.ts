@@ -5,6 +5,7 @@
  */
 import http from "node:http";
 import { resolve as resolvePath } from "node:path";
+import os from "node:os";
 import { readFileSync } from "node:fs";
 import { agentEnv, allowFileRepos, loadConfig, type Config } from "@platform/config";
 import { createLogger, type Logger } from "@platform/logger";
@@ -20,7 +21,7 @@ import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
-import { Sandbox } from "./sandbox.ts";
+import { hostSecrets, Sandbox } from "./sandbox.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -51,7 +52,10 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   const preflight = serveGitPreflight({ bus, hostId: config.AGENT_HOST_ID, deps: preflightDeps, logger });
   const shipper = new LogShipper({ bus, defaults: { instance_id: config.AGENT_HOST_ID }, logger });
   // npm start keeps the root key and the servers' data under .data: no tenant code may read them.
-  const hidden = [config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, config.AGENT_RUN_DIR, ".data"].map((p) => resolvePath(p));
+  const hidden = [
+    ...[config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, config.AGENT_RUN_DIR, ".data"].map((p) => resolvePath(p)),
+    ...hostSecrets({ home: os.homedir(), pathDirs: (process.env.PATH ?? "").split(":"), execPath: process.execPath, dockerSocket: config.AGENT_DOCKER_SOCKET }),
+  ];
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
   let beatOnChange: (() => void) | null = null;
@@ -75,12 +79,14 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   const load = new LoadSampler();
   const beat = async () => {
     // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.
-    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, resolvePath(config.AGENT_RUN_DIR), runtime.inventory(), load);
+    const hb = await sampleHeartbeat(config.AGENT_HOST_ID, VERSION, startedAt, resolvePath(config.AGENT_RUN_DIR), () => runtime.inventory(), load);
     bus.nc.publish(bus.subject(subjects.heartbeat(config.AGENT_HOST_ID)), JSON.stringify(hb), { headers: traceHeaders() });
   };
   const beatNow = () => void beat().catch((err: unknown) => logger.warn({ err }, "heartbeat failed"));
-  await beat();
+  // Changes are told from here on, the first beat's CPU window included: a replica the supervisor
+  // brings back meanwhile is in the beat sent last (each beat reads the inventory when sent).
   beatOnChange = beatNow;
+  await beat();
   const timer = setInterval(beatNow, HEARTBEAT_INTERVAL_MS);
   // Every agent hears of a renamed group (identity's group_renamed) and relabels what it runs in it;
   // the fleet's view of its services follows at once rather than at the next heartbeat. A durable

@@ -136,7 +136,7 @@ export async function sampleHeartbeat(
   version: string,
   startedAt: Date,
   dataPath: string,
-  runtime: { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } },
+  runtime: () => { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } },
   load: LoadSampler,
 ): Promise<Heartbeat> {
   let disk: Heartbeat["disk"] = null;
@@ -147,6 +147,9 @@ export async function sampleHeartbeat(
     disk = null;
   }
   const [facts, hostLoad] = await Promise.all([hostFacts(), load.sample()]);
+  // What runs is read last, once nothing is awaited any more: of two beats sampled at once (a
+  // replica came back during the first one's CPU window), the one sent last tells the newest.
+  const { name, inventory, containers } = runtime();
   return {
     host_id: hostId,
     hostname: os.hostname(),
@@ -160,8 +163,8 @@ export async function sampleHeartbeat(
     host_facts: facts,
     host_load: hostLoad,
     disk,
-    inventory: runtime.inventory,
-    containers: runtime.containers,
-    runtime: runtime.name,
+    inventory,
+    containers,
+    runtime: name,
   };
 }

@@ -1,8 +1,8 @@
 /**
  * The bubblewrap sandbox tenant code runs in on a host: each replica of a deployed app
  * (runtime/process.ts) and each build command (builder.ts). The host's root is read-only, /tmp is
- * a private tmpfs, the agent's own files and the platform's secrets are covered by empty tmpfs,
- * and only the paths the code must write are bound writable. The process sees its own pid
+ * a private tmpfs, the agent's own files and the host's secrets (hostSecrets) are hidden, and only
+ * the paths the code must write are bound writable. The process sees its own pid
  * namespace (no signal reaches the agent or another tenant's process) and no capability: the agent
  * may run as root, and root with CAP_SYS_ADMIN could remount the read-only root writable. The
  * network stays shared: a replica listens on 127.0.0.1 for Caddy, a build fetches its packages.
@@ -12,7 +12,7 @@
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
-import { access, stat } from "node:fs/promises";
+import { access, realpath, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 
@@ -61,18 +61,31 @@ export interface SandboxedCommand {
 }
 
 /**
+ * What the sandbox covers: a directory by an empty tmpfs; a file or socket by /dev/null, which the
+ * sandbox's nodev binds make unopenable (EACCES): nothing to read, nothing to connect to.
+ */
+export interface Hidden {
+  dirs: string[];
+  files: string[];
+  /** Files inside a hidden directory that must still be read (see NAME_RESOLUTION). */
+  readable: string[];
+}
+
+/**
  * The bubblewrap arguments of one command. No --new-session: the agent signals the command's
  * process group, which must still reach it, and the group's session (made by `detached`) has no
  * terminal that --new-session would protect.
  */
-export function sandboxArgs(cmd: SandboxedCommand, hidden: string[]): string[] {
+export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden): string[] {
   return [
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--proc", "/proc",
     // Before the binds: a writable path may lie under /tmp or a hidden path, and must show through.
     "--tmpfs", "/tmp",
-    ...hidden.flatMap((p) => ["--tmpfs", p]),
+    ...hidden.dirs.flatMap((p) => ["--tmpfs", p]),
+    ...hidden.files.flatMap((p) => ["--ro-bind", "/dev/null", p]),
+    ...hidden.readable.flatMap((p) => ["--ro-bind", p, p]),
     ...cmd.writable.flatMap((p) => ["--bind", p, p]),
     "--unshare-pid",
     "--unshare-ipc",
@@ -82,8 +95,36 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: string[]): string[] {
   ];
 }
 
+/**
+ * Name resolution reads these, and a host may keep them where the sandbox hides things
+ * (systemd-resolved's resolv.conf is a link into /run).
+ */
+const NAME_RESOLUTION = ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"];
+
+/** Within a home directory, what holds credentials: hidden when the whole home cannot be. */
+const HOME_CREDENTIALS = [
+  ".ssh", ".gnupg", ".netrc", ".git-credentials", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pypirc", ".pgpass",
+  ".aws", ".azure", ".config", ".docker", ".kube", ".cargo/credentials", ".cargo/credentials.toml",
+];
+
+/**
+ * What of the host tenant code must not reach besides the agent's own directories:
+ * - the agent's home (git's ssh keys, registry tokens): all of it, unless the programs tenant code
+ *   runs live there (a PATH directory or node itself), in which case its credential files;
+ * - /run, where the host's services keep their sockets (Postgres trusts local connections, a
+ *   Docker socket is root on the host); the tmpfs leaves no socket to connect to;
+ * - the Docker socket the agent is configured with, wherever it is.
+ */
+export function hostSecrets(opts: { home: string; pathDirs: string[]; execPath: string; dockerSocket?: string }): string[] {
+  const home = path.resolve(opts.home);
+  const within = (p: string) => p === home || p.startsWith(`${home}${path.sep}`);
+  const needed = [...opts.pathDirs.filter((d) => path.isAbsolute(d)), path.dirname(opts.execPath)].some((p) => within(path.resolve(p)));
+  const homePaths = home === "/" ? [] : needed ? HOME_CREDENTIALS.map((f) => path.join(home, f)) : [home];
+  return [...homePaths, "/run", ...(opts.dockerSocket ? [opts.dockerSocket] : [])];
+}
+
 export interface SandboxOptions {
-  /** Paths the sandboxed code must not see: each is covered by an empty tmpfs. */
+  /** Paths the sandboxed code must not reach: a directory reads as empty, a file or socket cannot be opened. */
   hide: string[];
   mode?: "auto" | "off";
   logger?: Logger;
@@ -128,13 +169,29 @@ export class Sandbox {
   }
 
   /**
-   * The hidden paths that exist (a tmpfs needs a mount point), outermost only: a path inside
-   * another is hidden with it, and a sandbox cannot create a mount point on the read-only root.
+   * The hidden paths that exist, by their real path (a link is not a mount point), directories
+   * outermost only: a path inside another is hidden with it, and a sandbox cannot create a mount
+   * point on the read-only root.
    */
-  async #hidden(): Promise<string[]> {
-    const existing: string[] = [];
-    for (const p of this.#hide) if (p !== "/" && (await stat(p).catch(() => null))?.isDirectory()) existing.push(p);
-    const within = (p: string, q: string) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
-    return [...new Set(existing)].filter((p) => !existing.some((q) => within(p, q))).sort();
+  async #hidden(): Promise<Hidden> {
+    const found = new Map<string, boolean>();
+    for (const p of this.#hide) {
+      const real = await realpath(p).catch(() => null);
+      if (!real || real === "/") continue;
+      const st = await stat(real).catch(() => null);
+      if (st) found.set(real, st.isDirectory());
+    }
+    const dirs = [...found].filter(([, dir]) => dir).map(([p]) => p);
+    const inside = (p: string) => dirs.some((q) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`));
+    const readable: string[] = [];
+    for (const p of NAME_RESOLUTION) {
+      const real = await realpath(p).catch(() => null);
+      if (real && inside(real) && (await stat(real).catch(() => null))?.isFile()) readable.push(real);
+    }
+    return {
+      dirs: dirs.filter((p) => !inside(p)).sort(),
+      files: [...found].filter(([p, dir]) => !dir && !inside(p)).map(([p]) => p).sort(),
+      readable,
+    };
   }
 }

@@ -6,7 +6,7 @@ import { expect, it } from "vitest";
 import os from "node:os";
 import { LoadSampler, sampleHeartbeat } from "../src/heartbeat.ts";
 
-const runtime = { name: "process", inventory: [], containers: { running: 0, total: 0 } };
+const runtime = () => ({ name: "process", inventory: [], containers: { running: 0, total: 0 } });
 
 it("carries the host's facts under the spec's keys, each 1-256 characters, and the boot time steady between beats", async () => {
   const load = new LoadSampler();

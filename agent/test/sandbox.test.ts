@@ -1,0 +1,92 @@
+/**
+ * The sandbox of tenant code (builds and replicas) on this machine: what of the host it hides.
+ * Skipped, and saying why, where bubblewrap cannot run.
+ */
+import { execFile } from "node:child_process";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import net from "node:net";
+import path from "node:path";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { hostSecrets, probeSandbox, Sandbox } from "../src/sandbox.ts";
+
+const sandbox = await probeSandbox();
+const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
+
+describe("hostSecrets", () => {
+  it("hides the agent's whole home, /run and the Docker socket when nothing tenant code runs lives in the home", () => {
+    expect(hostSecrets({ home: "/home/agent", pathDirs: ["/usr/local/bin", "/usr/bin", ""], execPath: "/usr/local/bin/node", dockerSocket: "/var/run/docker.sock" })).toEqual([
+      "/home/agent",
+      "/run",
+      "/var/run/docker.sock",
+    ]);
+  });
+
+  it("hides only the home's credential files when a PATH directory or node itself lives in it", () => {
+    for (const opts of [
+      { pathDirs: ["/home/agent/.cargo/bin", "/usr/bin"], execPath: "/usr/bin/node" },
+      { pathDirs: ["/usr/bin"], execPath: "/home/agent/.nvm/versions/node/v24/bin/node" },
+    ]) {
+      const hidden = hostSecrets({ home: "/home/agent", ...opts });
+      expect(hidden).not.toContain("/home/agent");
+      expect(hidden).toEqual(expect.arrayContaining(["/home/agent/.ssh", "/home/agent/.npmrc", "/home/agent/.git-credentials", "/home/agent/.aws", "/run"]));
+    }
+  });
+
+  it("never hides / as a home", () => {
+    expect(hostSecrets({ home: "/", pathDirs: [], execPath: "/usr/bin/node" })).toEqual(["/run"]);
+  });
+});
+
+describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, () => {
+  let dir: string;
+  let server: net.Server;
+  beforeAll(async () => {
+    // Outside /tmp, which the sandbox replaces with its own tmpfs anyway.
+    dir = await mkdtemp("/var/tmp/agent-sandbox-test-");
+    await mkdir(path.join(dir, "secrets"));
+    await writeFile(path.join(dir, "secrets", "key"), "sk-in-a-dir");
+    await writeFile(path.join(dir, "token"), "sk-in-a-file");
+    await writeFile(path.join(dir, "visible"), "shown");
+    server = net.createServer((s) => s.end("hello from the host's socket\n"));
+    await new Promise<void>((resolve) => server.listen(path.join(dir, "daemon.sock"), resolve));
+  });
+  afterAll(async () => {
+    await new Promise((r) => server?.close(r));
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  async function run(script: string): Promise<Record<string, string>> {
+    const box = new Sandbox({
+      what: "tests",
+      hide: [path.join(dir, "secrets"), path.join(dir, "token"), path.join(dir, "daemon.sock"), path.join(dir, "missing"), "/run"],
+    });
+    const { argv, sandboxed } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+    expect(sandboxed).toBe(true);
+    const { stdout } = await promisify(execFile)(argv[0]!, argv.slice(1));
+    return JSON.parse(stdout) as Record<string, string>;
+  }
+
+  it("hides a directory as empty, a file and a socket as unopenable; the rest of the host stays readable", async () => {
+    const seen = await run(`
+      const fs = require("node:fs");
+      const net = require("node:net");
+      const attempt = (f) => { try { return String(f()); } catch (e) { return e.code; } };
+      const connect = (p) => new Promise((resolve) => {
+        const s = net.connect(p, () => { s.destroy(); resolve("connected"); });
+        s.on("error", (e) => resolve(e.code));
+      });
+      connect(${JSON.stringify(path.join(dir, "daemon.sock"))}).then((socket) => console.log(JSON.stringify({
+        dir: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "secrets"))}).join(",")),
+        file: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "token"))}, "utf8")),
+        visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
+        run: attempt(() => fs.readdirSync("/run").filter((e) => !e.startsWith(".")).join(",")),
+        resolv: attempt(() => fs.readFileSync("/etc/resolv.conf").length >= 0),
+        socket,
+      })));
+    `);
+    expect(seen).toEqual({ dir: "", file: "EACCES", visible: "shown", run: expect.not.stringMatching(/postgresql|docker/), resolv: "true", socket: expect.stringMatching(/^(EACCES|ECONNREFUSED)$/) });
+    // The host's own view is untouched.
+    expect(await new Promise((resolve) => net.connect(path.join(dir, "daemon.sock")).on("data", (d) => resolve(String(d))))).toBe("hello from the host's socket\n");
+  });
+});
