@@ -48,8 +48,12 @@ const CANCEL_LOOK_MS = 1000;
 const COMMIT_DEADLINE_MS = 120_000;
 const COMMIT_RETRY_MS = 1_000;
 const CANCELLED_BEFORE_SWAP = "Cancelled before the swap.";
-/** How long a replica without a health check must stay up to pass. */
-const UNCHECKED_UPTIME_MS = 500;
+/**
+ * How long a replica without a health check (a background worker) must stay up to pass. Long
+ * enough for a worker that fails once it has tried its connections: a worker that exited at 1.5 s
+ * passed a 0.5 s window, and the old release's healthy workers were stopped for a crash loop.
+ */
+const UNCHECKED_UPTIME_MS = 5_000;
 
 /** The payload of a DEPLOY/RETRY/UNDEPLOY/SERVICE_ACTION/RECONCILE_ROUTING action. */
 export interface DeployJob {
@@ -502,13 +506,12 @@ export class Deployer {
         }
       }
       if (waiting.size === 0) {
-        // A replica without a health check passes by staying up for a moment; one that answered
-        // its health path has shown it is up.
+        // A replica without a health check passes by staying up UNCHECKED_UPTIME_MS from its start
+        // (deaths meanwhile are caught at the top of the loop); one that answered its health path
+        // has shown it is up.
         const unchecked = replicas.some((r) => r.port === null || !app.services[r.service]!.health);
-        if (!unchecked) return;
-        await sleep(UNCHECKED_UPTIME_MS);
-        const died = replicas.filter((r) => !this.#running(r.id));
-        if (died.length === 0) return;
+        if (!unchecked || Date.now() - started >= UNCHECKED_UPTIME_MS) return;
+        await sleep(HEALTH_POLL_MS);
         continue;
       }
       if (Date.now() >= deadline) {
@@ -715,16 +718,39 @@ export class Deployer {
       d.log({ level, message, service_name: name, phase: job.action ?? "service" });
       lines.push(message);
     };
-    if (job.action === "stop" || job.action === "restart") {
+    const stopReplica = async (r: ReplicaSpec) => {
+      d.supervisor.release(r.id);
+      await d.driver.stop(r.id, d.stopGraceMs).catch(() => undefined);
+      await d.driver.remove(r.id).catch(() => undefined);
+    };
+    let failure = "";
+    if (job.action === "restart") {
+      // One replica at a time, each back and healthy before the next goes: the router sends the
+      // others the requests meanwhile (and holds them for a lone replica; see the router's retries).
+      service.stopped = false;
       for (const r of service.replicas) {
-        d.supervisor.release(r.id);
-        await d.driver.stop(r.id, d.stopGraceMs).catch(() => undefined);
-        await d.driver.remove(r.id).catch(() => undefined);
+        await stopReplica(r);
+        await d.driver.start(r);
+        d.supervisor.desire(r);
+        try {
+          await this.#healthCheck(app, [r], (level, message) => emit(level, message), async () => false);
+        } catch (err) {
+          if (!(err instanceof DeployFailure)) throw err;
+          // The replica stays desired (the supervisor restarts it); the ones after it are untouched.
+          failure = `Replica ${r.index + 1} of ${name} did not come back healthy: ${err.message}`;
+          emit("error", failure);
+          break;
+        }
+        emit("info", `Restarted replica ${r.index + 1}`);
       }
-      service.stopped = true;
-      emit("info", `Stopped ${service.replicas.length} replica(s)`);
     }
-    if (job.action === "start" || job.action === "restart") {
+    if (job.action === "stop") {
+      const running = service.replicas.filter((r) => this.#running(r.id));
+      for (const r of service.replicas) await stopReplica(r);
+      service.stopped = true;
+      emit("info", running.length > 0 ? `Stopped ${running.length} replica(s)` : "No replica was running");
+    }
+    if (job.action === "start") {
       // Starting a service that runs is done already: its running replicas are left as they are.
       const idle = service.replicas.filter((r) => !this.#running(r.id));
       for (const r of idle) {
@@ -738,7 +764,7 @@ export class Deployer {
       await d.state.setApp(app);
       if (app.hosts.length > 0) await d.router.put(routeOf(app));
     });
-    return { status: "completed", error_message: "", result: { phases: { [job.action ?? "service"]: lines.join("\n") } } };
+    return { status: failure ? "failed" : "completed", error_message: failure, result: { phases: { [job.action ?? "service"]: lines.join("\n") } } };
   }
 
   /** RECONCILE_ROUTING: the route follows the app's current visibility (front doors from apps-builds). */

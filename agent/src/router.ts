@@ -27,6 +27,14 @@ const SERVER_PATH = `/config/apps/http/servers/${ROUTER_SERVER}`;
 const ROUTE_ID_PREFIX = "fd-";
 const ADMIN_TIMEOUT_MS = 10_000;
 const TEXT = { "Content-Type": ["text/plain; charset=utf-8"] };
+/**
+ * A request whose replica refuses the connection (a rolling restart, a crash the supervisor is
+ * mending) is tried on the next replica, or on the same one again, for up to this long before the
+ * client gets a 502. What is retried is a connection Caddy could not make: a request an app has
+ * received is not sent again (but a GET, by newer Caddy's default).
+ */
+const UPSTREAM_RETRY = "5s";
+const UPSTREAM_RETRY_INTERVAL = "100ms";
 
 /** Characters kept as they are in a route id; every other byte becomes `_xx`, so keys come back intact. */
 const ID_SAFE = /^[A-Za-z0-9.-]$/;
@@ -81,7 +89,7 @@ function mountRoute(mount: MountSpec): CaddyRoute {
           {
             handler: "reverse_proxy",
             upstreams: mount.upstreams.map((dial) => ({ dial })),
-            load_balancing: { selection_policy: { policy: "round_robin" } },
+            load_balancing: { selection_policy: { policy: "round_robin" }, try_duration: UPSTREAM_RETRY, try_interval: UPSTREAM_RETRY_INTERVAL },
           },
         ]
       : [textResponse(503, NO_REPLICA_BODY)];

@@ -4,6 +4,7 @@
  * health path and routes it through a real Caddy; undeploy with purge takes it all away again. A
  * branch deployed before its group was renamed stays the same app to redeploy and undeploy.
  */
+import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { execFile } from "node:child_process";
 import http from "node:http";
@@ -461,6 +462,70 @@ it("fails a deploy whose health check never passes with what the health path las
     status: "failed",
     error_message: "Service web did not pass its health check within 3 s: the last GET /healthz found nothing listening on the service's PORT.",
   });
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+  expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+});
+
+/** GETs `/` through the router until `done()`, counting the answers by status. */
+async function requestLoop(done: () => boolean): Promise<Map<number, number>> {
+  const statuses = new Map<number, number>();
+  while (!done()) {
+    const status = await get(caddy.httpPort).then((r) => r.status, () => 0);
+    statuses.set(status, (statuses.get(status) ?? 0) + 1);
+  }
+  return statuses;
+}
+
+it("restarts a service one replica at a time with no failed request, even a lone replica; a second stop says nothing ran", async () => {
+  const withReplicas = (n: number) => {
+    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n    replicas: ${n}\n`);
+    if (!parsed.ok) throw new Error("the config is invalid");
+    return new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
+  };
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-4444cccc"), { recursive: true });
+  for (const n of [2, 1]) {
+    const d = withReplicas(n);
+    expect((await d.deploy({ ...job, action_id: randomUUID(), image_tag: "main-4444cccc" })).status).toBe("completed");
+    const before = driver.list().filter((r) => r.running && r.spec.service === "web").map((r) => r.handle);
+    expect(before).toHaveLength(n);
+    lines.length = 0;
+    let restarting = true;
+    const loop = requestLoop(() => !restarting);
+    const restart = await d.serviceAction({ ...job, action_id: randomUUID(), action_type: "SERVICE_ACTION", service_name: "web", action: "restart" });
+    restarting = false;
+    expect(restart).toMatchObject({ status: "completed", error_message: "" });
+    const statuses = await loop;
+    expect([...statuses.keys()], JSON.stringify([...statuses])).toEqual([200]);
+    expect(lines.filter((l) => l.startsWith("Restarted replica"))).toEqual(Array.from({ length: n }, (_, i) => `Restarted replica ${i + 1}`));
+    const after = driver.list().filter((r) => r.running && r.spec.service === "web").map((r) => r.handle);
+    expect(after).toHaveLength(n);
+    expect(after.some((handle) => before.includes(handle))).toBe(false);
+  }
+
+  const d = withReplicas(1);
+  const stop = () => d.serviceAction({ ...job, action_id: randomUUID(), action_type: "SERVICE_ACTION", service_name: "web", action: "stop" });
+  expect((await stop()).result.phases).toEqual({ stop: "Stopped 1 replica(s)" });
+  expect((await stop()).result.phases).toEqual({ stop: "No replica was running" });
+  expect((await get(caddy.httpPort)).status).toBe(503);
+  expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
+});
+
+it("fails a deploy whose background worker exits a second after it started, and the running release keeps its workers", async () => {
+  const withWorker = (worker: string) => {
+    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n  worker:\n    run: ${worker}\n    background: true\n`);
+    if (!parsed.ok) throw new Error(`the config is invalid: ${JSON.stringify(parsed.errors)}`);
+    return new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
+  };
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-5555dddd"), { recursive: true });
+  await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-6666eeee"), { recursive: true });
+  expect((await withWorker(`node -e "setInterval(() => {}, 1000)"`).deploy({ ...job, action_id: randomUUID(), image_tag: "main-5555dddd" })).status).toBe("completed");
+  const workers = () => driver.list().filter((r) => r.running && r.spec.service === "worker").map((r) => r.spec.tag);
+  expect(workers()).toEqual(["main-5555dddd"]);
+
+  const late = withWorker(`node -e "console.log('connecting'); setTimeout(() => process.exit(4), 1500)"`);
+  const outcome = await late.deploy({ ...job, action_id: randomUUID(), image_tag: "main-6666eeee" });
+  expect(outcome).toMatchObject({ status: "failed", error_message: "Service worker exited with code 4 during the health checks." });
+  expect(workers()).toEqual(["main-5555dddd"]);
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
   expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");
 });

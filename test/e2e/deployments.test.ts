@@ -376,7 +376,7 @@ describe("services", () => {
     // Its log lines are found by its action id; a service action is no deployment.
     const lines = await waitFor(
       async () => (await call(api, "GET", `/logs?action_id=${restart.body.action_ids[0]}`, { credential: acme })).body.logs as any[],
-      (ls) => ls.some((l) => /^Started/.test(l.message)),
+      (ls) => ls.some((l) => /^Restarted replica 1$/.test(l.message)),
     );
     expect(lines.map((l) => [l.source, l.deployment_id])).toEqual(lines.map(() => ["deploy", null]));
     expect((await call(api, "POST", `/services/${APP}/nope/restart`, { credential: acme })).status).toBe(404);

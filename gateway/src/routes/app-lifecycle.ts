@@ -342,6 +342,9 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
   // A stop holds until a start, or until the branch is deployed again: a deploy swaps to a release
   // only once every service of it passed its checks, so it starts them all.
   const stopHolds = " A stopped service stays stopped until it is started or the branch is deployed again (deploy, redeploy, retry or scale start every service of the release).";
+  const rolling =
+    " A restart replaces the replicas one at a time, each back and passing its health check before the next goes; the router holds or re-sends the requests meanwhile, so none fails. A replica that does not come back fails the row and leaves the ones after it untouched.";
+  const noteOf = { restart: rolling, stop: stopHolds, start: "" } as const;
   for (const action of ["restart", "stop", "start"] as const) {
     app.post(
       `/api/services/:app_name/:service/${action}`,
@@ -350,7 +353,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         schema: {
           tags: ["services"],
           summary: `${action[0]!.toUpperCase()}${action.slice(1)} one service of a branch (a SERVICE_ACTION row).`,
-          description: `422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 \`nothing_running\` when the branch is not deployed.${action === "stop" ? stopHolds : ""}`,
+          description: `422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
           params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
           querystring: branchQuery,
           response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
@@ -368,7 +371,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         schema: {
           tags: ["services"],
           summary: `${action[0]!.toUpperCase()}${action.slice(1)} every container service of a branch (one SERVICE_ACTION row each).`,
-          description: `Static services are skipped and listed in \`skipped_static\`; 422 when every service is static.${action === "stop" ? stopHolds : ""}`,
+          description: `Static services are skipped and listed in \`skipped_static\`; 422 when every service is static.${noteOf[action]}`,
           params: appParams,
           querystring: branchQuery,
           response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
