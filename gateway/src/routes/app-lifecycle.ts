@@ -147,7 +147,8 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           "Branch omitted: the running branch, else production. A no-op (the service already declares that count) writes nothing: `action_id` null and `deployed` " +
           "(replicas running now, or null when unknown). Refusals `{detail: {code, message, ...}}`: 409 `nothing_running`; 409 `scale_in_flight` (action_id, action_type, status); " +
           "409 `overlay_would_drop_fields` (removed_paths); 409 `preflight_quarantined` while preflight quarantines the app (nothing saved); `scale_saved_not_deployed` (saved, requested, previous, deployed, reason) with the underlying status or 500; " +
-          "404 unknown app or undeclared service; 422 replicas not an integer from 1 to 3. The preflight is not re-run (`preflight_action_id` is null).",
+          "404 unknown app, or `service_not_declared` for a service the running release does not declare (one only a later build has is scaled once that build is deployed); " +
+          "422 replicas not an integer from 1 to 3. The preflight is not re-run (`preflight_action_id` is null). An edit for a service a later release no longer declares stays in the overlay and is left out of that release's effective config.",
         params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
         querystring: branchQuery,
         body: { type: "object", properties: { replicas: { type: "integer", minimum: 1, maximum: 3 } }, required: ["replicas"], additionalProperties: false },

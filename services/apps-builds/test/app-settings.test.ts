@@ -18,6 +18,7 @@ import { createTestDatabase, deleteBusStreams, dropDatabase, refusal, testNatsUr
 import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
+import { completedBuild } from "./rows.ts";
 import { App } from "../src/entities/index.ts";
 import { PATCH_FIELDS, SEED_REFERENCE_MAX, lockApp } from "../src/domain/app-settings.ts";
 // The gateway's routes for these capabilities, mounted over this service in the last block.
@@ -362,6 +363,28 @@ describe("scale", () => {
     expect((await row("api", "main")).overlay).toEqual({});
     await setRow("api", "main", { preflightStatus: "ready" });
     expect(await scale()).toMatchObject({ previous: 1, requested: 2, noop: false, overlayPaths: ["services.web.replicas"] });
+    await setRow("api", "main", { baseConfig: null, overlay: {}, deployStatus: "undeployed", runningVersion: null, preflightStatus: "pending" });
+  });
+
+  it("scales the services of the release that runs: not one only a later build has, but one the latest repository config removed", async () => {
+    const withExtra = repoConfig();
+    withExtra.services.extra = { run: "node extra.js", port: 8081, mount: "/extra" };
+    const withoutWorker = repoConfig();
+    delete withoutWorker.services.worker;
+    // main-1 (running) has web and worker; main-2 (built, not deployed) has extra and no worker.
+    await service.ctx.write(async (em) => {
+      const app = await em.findOneOrFail(App, { appName: "api", branch: "main" });
+      completedBuild(em, app, "main-1", repoConfig());
+      completedBuild(em, app, "main-2", { ...withoutWorker, services: { ...withoutWorker.services, extra: withExtra.services.extra } });
+    });
+    await setRow("api", "main", { baseConfig: { ...withoutWorker, services: { ...withoutWorker.services, extra: withExtra.services.extra } }, overlay: {}, deployStatus: "running", runningVersion: "main-1", preflightStatus: "ready" });
+    const scale = (svc: string) => client.setServiceReplicas({ caller: acme, appName: "api", branch: "main", service: svc, replicas: 2 });
+    expect(await refusal(scale("extra"))).toMatchObject({ status: 404, detail: { code: "service_not_declared", message: "App 'api' (branch main) declares no service 'extra' in the release it runs." } });
+    expect((await row("api", "main")).overlay).toEqual({});
+    expect(await scale("worker")).toMatchObject({ previous: 1, requested: 2, noop: false, overlayPaths: ["services.worker.replicas"] });
+    // The latest config has no worker: its edit does not make a service of one field there.
+    const config = await client.getAppConfig({ caller: acme, appName: "api", branch: "main" });
+    expect(Object.keys((config.effective?.services ?? {}) as Record<string, unknown>)).toEqual(["web", "extra"]);
     await setRow("api", "main", { baseConfig: null, overlay: {}, deployStatus: "undeployed", runningVersion: null, preflightStatus: "pending" });
   });
 });

@@ -129,6 +129,19 @@ describe("effectiveConfig", () => {
     ).toEqual({ services: { web: { run: "x", port: 80 } }, storage: { buckets: [{ name: "media" }] } });
   });
 
+  it("leaves out the edits of a service neither layer declares, and applies them again to a base that declares it", () => {
+    const overlay: Overlay = { "services.worker.replicas": { value: 3, base: null }, "services.web.replicas": { value: 2, base: 1 } };
+    // The repository removed the worker, or a rollback runs a build from before it.
+    const withoutWorker = base();
+    delete withoutWorker.services.worker;
+    const merged = effectiveConfig(withoutWorker, overlay) as any;
+    expect(Object.keys(merged.services)).toEqual(["web"]);
+    expect(merged.services.web.replicas).toBe(2);
+    expect((effectiveConfig(base(), overlay) as any).services.worker).toEqual({ run: "node worker.js", background: true, replicas: 3 });
+    // A service the dashboard declares itself is no orphan.
+    expect((effectiveConfig(withoutWorker, { ...overlay, "services.worker.run": { value: "node w.js", base: null } }) as any).services.worker).toEqual({ run: "node w.js", replicas: 3 });
+  });
+
   it("lets an entry holding a whole section replace it, and deeper entries apply on top", () => {
     const merged = effectiveConfig(base(), {
       "services.web": { value: { run: "node other.js", port: 9090 }, base: null },

@@ -242,10 +242,32 @@ function parsedEntries(overlay: Overlay): ParsedEntry[] {
 // ---------------------------------------------------------------------------------------------
 // Layers
 
-/** The base with every overlay entry written over it (a new object; the inputs are not modified). */
+/**
+ * The service an entry edits (`services.<name>...`), when it is one of a service the base does
+ * not declare and the overlay does not declare either (neither the whole service nor its `run`):
+ * a scale of a service the repository has since removed, or a rollback to a build that predates
+ * it. Such an entry is an orphan: written over this base it would make a service of one field.
+ */
+function orphanedService(base: BaseConfig, entries: ParsedEntry[], segments: readonly PathSegment[]): boolean {
+  const [section, name] = segments;
+  if (section !== "services" || typeof name !== "string" || segments.length < 3) return false;
+  if (getAt(base, ["services", name]) !== undefined) return false;
+  const declares = (e: ParsedEntry) =>
+    e.segments[0] === "services" && e.segments[1] === name && (e.segments.length === 2 || (e.segments.length === 3 && e.segments[2] === "run"));
+  return !entries.some(declares);
+}
+
+/**
+ * The base with every overlay entry written over it (a new object; the inputs are not modified),
+ * but the entries of services neither layer declares (see orphanedService): they stay in the
+ * overlay, and apply again to a base that declares their service.
+ */
 export function effectiveConfig(base: BaseConfig, overlay: Overlay): JsonObject {
   const out = isObject(base) ? (cloneJson(base) as JsonObject) : {};
-  for (const { segments, entry } of parsedEntries(overlay)) setAt(out, segments, cloneJson(entry.value));
+  const entries = parsedEntries(overlay);
+  for (const { segments, entry } of entries) {
+    if (!orphanedService(base, entries, segments)) setAt(out, segments, cloneJson(entry.value));
+  }
   return out;
 }
 

@@ -14,12 +14,12 @@
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import type { Caller } from "@platform/caller";
-import type { App } from "../entities/index.ts";
+import { Build, type App } from "../entities/index.ts";
 import { findApp } from "./apps.ts";
 import { lockApp } from "./app-settings.ts";
-import { appConfigOf } from "./front-door.ts";
+import { appConfigOf, isServing } from "./front-door.ts";
 import { requirePreflightPassed } from "./preflight.ts";
-import { overlayWouldDropFields, setOverlayEntry, type BaseConfig, type Overlay } from "./overlay.ts";
+import { effectiveConfig, overlayWouldDropFields, setOverlayEntry, type BaseConfig, type Overlay } from "./overlay.ts";
 
 export const REPLICAS = { min: 1, max: 3 } as const;
 
@@ -36,14 +36,31 @@ function declaredServices(app: App): Record<string, { replicas?: number; backgro
   return (appConfigOf(app)?.services ?? {}) as Record<string, { replicas?: number }>;
 }
 
+/**
+ * The repository config of the release a scale redeploys: the running build's (a rollback runs an
+ * older one than the latest build read), else the latest; null when nothing runs.
+ */
+async function runningBase(em: EntityManager, app: App): Promise<BaseConfig | null> {
+  if (!isServing(app)) return null;
+  const running = await em.findOne(Build, { appId: app.id, tag: app.runningVersion! }, { fields: ["config"] });
+  return ((running?.config ?? app.baseConfig) ?? null) as BaseConfig;
+}
+
 export async function setServiceReplicas(em: EntityManager, caller: Caller, appName: string, branch: string, service: string, replicas: number): Promise<ScaleSaved> {
   if (!Number.isInteger(replicas) || replicas < REPLICAS.min || replicas > REPLICAS.max) {
     throw PlatformError.invalid(`replicas must be an integer from ${REPLICAS.min} to ${REPLICAS.max}.`);
   }
   const app = await lockApp(em, await findApp(em, caller, appName, branch || undefined));
-  const declared = declaredServices(app)[service];
-  if (!declared) throw PlatformError.notFound({ code: "service_not_declared", message: `App '${app.appName}' (branch ${app.branch}) declares no service '${service}'.`, service });
-  if (app.deployStatus === "undeployed" || !app.runningVersion) {
+  // A scale redeploys the running image: its services are the ones it can scale (when nothing
+  // runs, the latest build's tell a 404 from the 409 below).
+  const base = await runningBase(em, app);
+  const services = base ? ((effectiveConfig(base, (app.overlay ?? {}) as Overlay).services ?? {}) as Record<string, { replicas?: number }>) : declaredServices(app);
+  const declared = services[service];
+  if (!declared) {
+    const message = `App '${app.appName}' (branch ${app.branch}) declares no service '${service}'${base ? " in the release it runs" : ""}.`;
+    throw PlatformError.notFound({ code: "service_not_declared", message, service });
+  }
+  if (!base) {
     throw PlatformError.conflict({ code: "nothing_running", message: `Nothing runs on branch '${app.branch}' of '${app.appName}': deploy it before scaling.` });
   }
   const previous = declared.replicas ?? 1;
@@ -51,7 +68,6 @@ export async function setServiceReplicas(em: EntityManager, caller: Caller, appN
   if (previous === replicas) return { app, service, previous, requested: replicas, noop: true, overlayPaths: Object.keys(app.overlay ?? {}) };
   // A scale is a deploy of the running image: refused, nothing saved, while preflight quarantines the app.
   requirePreflightPassed(app);
-  const base = (app.baseConfig ?? null) as BaseConfig;
   const overlay = setOverlayEntry(base, (app.overlay ?? {}) as Overlay, path, replicas);
   const removed = overlayWouldDropFields(base, overlay);
   if (removed.length > 0) {
