@@ -16,6 +16,7 @@ import {
   REPO_ROOT,
   defaultPorts,
   ensureInfrastructure,
+  internalToken,
   loadOrCreateRootKey,
   rootKeyFile,
   startFleet,
@@ -96,6 +97,8 @@ async function main(): Promise<void> {
   infra = (await starting) as StartedInfrastructure;
   if (stopping) return;
 
+  // Every process started below shares it: internal RPC refuses calls without it.
+  env.PLATFORM_INTERNAL_TOKEN = internalToken(env);
   const rootKeyFromEnv = Boolean(env.PLATFORM_ROOT_KEY?.trim());
   const rootKey = loadOrCreateRootKey(DEFAULT_DATA_DIR, env);
   starting = startFleet({

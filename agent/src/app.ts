@@ -69,7 +69,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     routerPort: config.PLATFORM_ROUTER_PORT,
     hide: hidden,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
-    apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }),
+    apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     bus,
     logger,
     ship: (line) => void shipper.ship(line),
@@ -113,7 +113,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   const work = await startWorkLane({
     bus,
     hostId: config.AGENT_HOST_ID,
-    queue: createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL, { timeoutMs: 15_000 }),
+    queue: createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     logger,
     log: (line) => void shipper.ship(line),
     build: {

@@ -61,8 +61,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
     frameworkErrors: (err, _request, reply: FastifyReply) => void reply.code(400).send({ detail: `Malformed request: ${err.message}` }),
     clientErrorHandler,
   });
-  const identity = createServiceClient(IdentityService, config.IDENTITY_URL);
-  const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL);
+  const identity = createServiceClient(IdentityService, config.IDENTITY_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
+  const apps = createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
   const cache = new CredentialCache(config.CREDENTIAL_CACHE_TTL_MS);
   let bus: Bus | null = null;
 
@@ -114,8 +114,8 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   authRoutes(app, identity, cache);
   appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
   appSettingsRoutes(app, apps);
-  const queue = createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL);
-  const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL);
+  const queue = createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
+  const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
   buildRoutes(app, apps, queue, health);
   queueRoutes(app, queue);
   deploymentRoutes(app, queue, health);

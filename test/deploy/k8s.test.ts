@@ -60,10 +60,11 @@ interface K8sObject {
 const SECRET_SAMPLES: Record<string, string> = {
   DATABASE_URL: "postgres://platform:secret@postgres.example:5432/platform",
   PLATFORM_ROOT_KEY: "pf_k1_sample",
+  PLATFORM_INTERNAL_TOKEN: "internal-sample",
 };
 const FIELD_SAMPLES: Record<string, string> = { "spec.nodeName": "node-1" };
 /** Variables that must come from a Secret, never a literal or a ConfigMap. */
-const SECRET_VARS = ["DATABASE_URL", "PLATFORM_ROOT_KEY"];
+const SECRET_VARS = ["DATABASE_URL", "PLATFORM_ROOT_KEY", "PLATFORM_INTERNAL_TOKEN"];
 
 let objects: K8sObject[] = [];
 

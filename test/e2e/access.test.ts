@@ -456,3 +456,22 @@ describe("malformed input", () => {
     expect((await call(api, "GET", "/keys", { credential: root })).body.total).toBe(before);
   });
 });
+
+describe("the services behind the gateway", () => {
+  it("refuse a call that names its own caller without the fleet's internal token: only the fleet reaches them", async () => {
+    // What tenant code on a host could try: a platform operator, said by itself, over plain HTTP.
+    const forged = { caller: { kind: "root", principalId: "x", scope: "admin", platformOperator: true, platformRoot: true } };
+    const listApps = (headers: Record<string, string>) =>
+      fetch(`${fleet.env.APPS_BUILDS_URL}/platform.apps_builds.v1.AppsBuildsService/ListApps`, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...headers },
+        body: JSON.stringify(forged),
+      });
+    const refused = await listApps({});
+    expect(refused.status).toBe(401);
+    expect(await refused.json()).toMatchObject({ code: "unauthenticated" });
+    expect((await listApps({ authorization: "Bearer guessed" })).status).toBe(401);
+    // The fleet's own calls carry it.
+    expect((await listApps({ authorization: `Bearer ${fleet.env.PLATFORM_INTERNAL_TOKEN}` })).status).toBe(200);
+  });
+});

@@ -30,7 +30,7 @@ async function key(group: string, scope: string) {
 beforeAll(async () => {
   fleet = await startTestFleet({ agent: false });
   api = fleet.api;
-  identity = createServiceClient(IdentityService, fleet.env.IDENTITY_URL!, { timeoutMs: 15_000 });
+  identity = createServiceClient(IdentityService, fleet.env.IDENTITY_URL!, { timeoutMs: 15_000, token: fleet.env.PLATFORM_INTERNAL_TOKEN });
   for (const slug of ["acme", "globex", "busy"]) expect((await call(api, "POST", "/groups", { credential: fleet.rootKey, body: { slug } })).status).toBe(201);
   acmeKey = await key("acme", "admin");
   globexKey = await key("globex", "admin");

@@ -173,6 +173,12 @@ const common = {
     description: "pino log level",
   },
   OTEL_EXPORTER_OTLP_ENDPOINT: { type: "url", optional: true, description: "OTLP/HTTP collector; traces are exported when set" },
+  PLATFORM_INTERNAL_TOKEN: {
+    type: "string",
+    optional: true,
+    description:
+      "shared secret of the fleet's internal RPC: every call carries it and every service refuses a call without it; unset, an RPC port answers anything that reaches it",
+  },
   BUS_PREFIX: {
     type: "string",
     default: "",

@@ -33,5 +33,5 @@ export {
 export { startCaddy, probeCaddy, type StartCaddyOptions, type StartedCaddy } from "./caddy.ts";
 export { freePort, freePorts, isPortFree } from "./ports.ts";
 export { stopReplicas } from "./replicas.ts";
-export { loadOrCreateRootKey, generateRootKey, rootKeyFile, ROOT_KEY_PATTERN } from "./root-key.ts";
+export { loadOrCreateRootKey, generateRootKey, internalToken, rootKeyFile, ROOT_KEY_PATTERN } from "./root-key.ts";
 export { REPO_ROOT, DEFAULT_DATA_DIR, DEFAULT_DATABASE_URL, DEFAULT_NATS_URL, redactUrl } from "./paths.ts";

@@ -16,6 +16,14 @@ export function generateRootKey(): string {
   return `pf_k1_${randomBytes(32).toString("base64url")}`;
 }
 
+/**
+ * The fleet's internal token (PLATFORM_INTERNAL_TOKEN) when the environment has none: a new one
+ * for each start, since only the processes started together need to share it.
+ */
+export function internalToken(env: NodeJS.ProcessEnv): string {
+  return env.PLATFORM_INTERNAL_TOKEN?.trim() || randomBytes(32).toString("base64url");
+}
+
 export function rootKeyFile(dataDir: string): string {
   return path.join(dataDir, "root-key");
 }

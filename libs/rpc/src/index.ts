@@ -3,6 +3,7 @@
  * /healthz and /readyz beside the RPC routes), one client shape (unary calls over HTTP/2, a
  * deadline by default), and one mapping of errors in each direction.
  */
+import { timingSafeEqual } from "node:crypto";
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
@@ -71,9 +72,27 @@ export interface ReadinessFacts {
   [key: string]: unknown;
 }
 
+/** The header value every internal call carries when the fleet has an internal token. */
+function bearer(token: string): string {
+  return `Bearer ${token}`;
+}
+
+/** Whether a request carries the fleet's internal token (compared in constant time). */
+function authorized(header: string | string[] | undefined, token: string): boolean {
+  const given = Buffer.from(typeof header === "string" ? header : "");
+  const wanted = Buffer.from(bearer(token));
+  return given.length === wanted.length && timingSafeEqual(given, wanted);
+}
+
 export interface RpcServerOptions {
   port: number;
   host: string;
+  /**
+   * The fleet's internal token (PLATFORM_INTERNAL_TOKEN): a call without it is refused as
+   * unauthenticated. Services trust the Caller a call carries, so without the token anything
+   * that reaches the port (tenant code on an agent's host, say) could act as any caller.
+   */
+  token?: string;
   routes: (router: ConnectRouter) => void;
   readiness: () => Promise<ReadinessFacts>;
   logger: Logger;
@@ -111,6 +130,12 @@ export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer>
         (facts) => respond(facts.ready ? 200 : 503, facts),
         (err: unknown) => respond(503, { ready: false, error: err instanceof Error ? err.message : String(err) }),
       );
+      return;
+    }
+    if (opts.token && !authorized(req.headers.authorization, opts.token)) {
+      // Connect's error shape, which the fleet's clients read as ConnectError Unauthenticated.
+      (res as http.ServerResponse).writeHead(401, { "content-type": "application/json" });
+      (res as http.ServerResponse).end(JSON.stringify({ code: "unauthenticated", message: "This call lacks the fleet's internal token (PLATFORM_INTERNAL_TOKEN)." }));
       return;
     }
     const unary = unaryRouteOf(req, unaryRoutes);
@@ -162,8 +187,17 @@ export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer>
 export interface ClientOptions {
   /** Deadline of every call unless the call sets its own. */
   timeoutMs?: number;
+  /** The fleet's internal token (PLATFORM_INTERNAL_TOKEN), sent with every call. */
+  token?: string;
 }
 
 export function createServiceClient<S extends DescService>(service: S, baseUrl: string, options: ClientOptions = {}): Client<S> {
-  return createClient(service, new UnaryTransport({ baseUrl, defaultTimeoutMs: options.timeoutMs ?? 5000, around: aroundClientCall }));
+  const token = options.token;
+  const around: typeof aroundClientCall = token
+    ? (method, header, call) => {
+        header.set("authorization", bearer(token));
+        return aroundClientCall(method, header, call);
+      }
+    : aroundClientCall;
+  return createClient(service, new UnaryTransport({ baseUrl, defaultTimeoutMs: options.timeoutMs ?? 5000, around }));
 }

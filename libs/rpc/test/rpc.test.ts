@@ -315,3 +315,37 @@ describe("the RPC server", () => {
     expect(serverSpan.attributes["rpc.method"]).toBe("Readiness");
   });
 });
+
+describe("the fleet's internal token", () => {
+  let guarded: RpcServer;
+  let url: string;
+  beforeAll(async () => {
+    guarded = await startRpcServer({
+      port: 0,
+      host: "127.0.0.1",
+      token: "internal-secret",
+      routes: (router) => router.service(HooksService, { readiness: readinessHandler }),
+      readiness: async () => ({ ready: true }),
+      logger,
+    });
+    url = `http://127.0.0.1:${guarded.port}`;
+  });
+  afterAll(() => guarded?.close());
+
+  it("answers a client that sends it, and refuses one without it or with another as unauthenticated", async () => {
+    expect((await createServiceClient(HooksService, url, { token: "internal-secret" }).readiness({})).ready).toBe(true);
+    for (const token of [undefined, "internal-secreT", "internal-secret-and-more"]) {
+      const err = await thrown(() => createServiceClient(HooksService, url, { token }).readiness({}));
+      expect(err, String(token)).toBeInstanceOf(ConnectError);
+      expect((err as ConnectError).code).toBe(Code.Unauthenticated);
+    }
+  });
+
+  it("refuses a raw HTTP/1.1 call without it too, and keeps /healthz and /readyz open for probes", async () => {
+    const raw = await fetch(`${url}/${HooksService.typeName}/Readiness`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+    expect(raw.status).toBe(401);
+    expect(await raw.json()).toMatchObject({ code: "unauthenticated" });
+    expect((await fetch(`${url}/healthz`)).status).toBe(200);
+    expect((await fetch(`${url}/readyz`)).status).toBe(200);
+  });
+});

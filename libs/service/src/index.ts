@@ -131,9 +131,11 @@ export async function startService(def: ServiceDefinition): Promise<RunningServi
   const read = <T>(fn: (em: EntityManager) => Promise<T>): Promise<T> => fn(orm.em.fork());
   const ctx: ServiceContext = { name: def.name, config, logger, orm, bus, relay, schema, write, read, readiness };
   const closers = (await def.onStart?.(ctx)) ?? [];
+  if (!config.PLATFORM_INTERNAL_TOKEN) logger.warn("PLATFORM_INTERNAL_TOKEN is not set: the RPC port answers any caller that reaches it");
   const rpc = await startRpcServer({
     port: config.RPC_PORT,
     host: config.RPC_HOST,
+    token: config.PLATFORM_INTERNAL_TOKEN,
     routes: def.routes(ctx),
     logger,
     readiness: async () => {

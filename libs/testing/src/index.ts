@@ -23,6 +23,7 @@ import {
   REPO_ROOT,
   freePorts,
   generateRootKey,
+  internalToken,
   portsFromList,
   serviceUrls,
   startCaddy,
@@ -188,7 +189,7 @@ function inheritedEnv(): Record<string, string | undefined> {
   const env: Record<string, string | undefined> = { ...process.env };
   for (const key of Object.keys(env)) {
     // HOST: the gateway of a test fleet listens on 127.0.0.1, where the harness looks for it.
-    if (key.startsWith("VITEST") || ["NODE_OPTIONS", "TEST", "PLATFORM_ROOT_KEY", "BUS_PREFIX", "HOST"].includes(key)) {
+    if (key.startsWith("VITEST") || ["NODE_OPTIONS", "TEST", "PLATFORM_ROOT_KEY", "PLATFORM_INTERNAL_TOKEN", "BUS_PREFIX", "HOST"].includes(key)) {
       delete env[key];
     }
   }
@@ -215,6 +216,7 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
     DATABASE_URL: databaseUrl,
     NATS_URL: natsUrl,
     BUS_PREFIX: busPrefix,
+    PLATFORM_INTERNAL_TOKEN: internalToken(options.env ?? {}),
     PLATFORM_ROUTER_PORT: String(routerPort),
     AGENT_ROUTER_ADMIN_URL: withAgent ? `http://127.0.0.1:${routerAdminPort}` : undefined,
     // The agent's clones, images, releases and replicas belong to this fleet alone.

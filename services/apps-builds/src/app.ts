@@ -30,7 +30,7 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
     routes: (ctx) =>
       routes(
         // An acquire waits up to REGISTRATION_WAIT_MS for the lease before it answers.
-        { ...ctx, config, groupLock: createServiceClient(IdentityService, config.IDENTITY_URL, { timeoutMs: REGISTRATION_WAIT_MS + 5_000 }) },
+        { ...ctx, config, groupLock: createServiceClient(IdentityService, config.IDENTITY_URL, { timeoutMs: REGISTRATION_WAIT_MS + 5_000, token: config.PLATFORM_INTERNAL_TOKEN }) },
         buildHandlers,
         settingsHandlers,
         variableHandlers,

@@ -27,7 +27,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
     config,
     entities,
     migrations: [...migrations, ...deploymentMigrations, ...groupRenameMigrations],
-    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000 }), { fleetFloor: config.FLEET_FLOOR }),
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }), { fleetFloor: config.FLEET_FLOOR }),
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);

@@ -20,7 +20,7 @@ export function build(config: IdentityConfig = loadConfig(identityEnv)): Promise
     config,
     entities,
     migrations: [...migrations, ...groupLockMigrations],
-    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL)),
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { token: config.PLATFORM_INTERNAL_TOKEN })),
     async onStart(ctx) {
       const rootKey = config.PLATFORM_ROOT_KEY;
       if (rootKey) {
