@@ -113,6 +113,13 @@ afterAll(async () => {
 
 const job = { action_id: "2b0c4c43-5a48-4d4c-9d3f-0a3c8c1f6a10", action_type: "DEPLOY", app_name: "node-web", branch: "main", group_slug: "acme", image_tag: TAG };
 
+/** A deployer whose releases run this platform.yaml (and `deps` over the test's own). */
+function deployerFor(yaml: string, deps: Partial<DeployerDeps> = {}): Deployer {
+  const parsed = parseAppConfigYaml(yaml);
+  if (!parsed.ok) throw new Error(`the config is invalid: ${JSON.stringify(parsed.errors)}`);
+  return new Deployer({ ...baseDeps, ...deps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
+}
+
 it("fetches an image this host lacks, then runs and routes the release", async () => {
   const outcome = await deployer.deploy(job);
   expect(outcome).toMatchObject({ status: "completed", error_message: "", result: { previous_tag: null, env_vars_snapshot: { GREETING: "hi" } } });
@@ -300,11 +307,9 @@ it("a drift check running through deploys' route flips and an undeploy finds no 
 });
 
 it("a deploy naming some services swaps only those: the others keep running their release, and a later full deploy replaces them all", async () => {
-  const parsed = parseAppConfigYaml(
+  const twoServices = deployerFor(
     "type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n  worker:\n    run: node -e \"setInterval(() => {}, 1000)\"\n    background: true\n",
   );
-  if (!parsed.ok) throw new Error("the two-service config is invalid");
-  const twoServices = new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
   const running = () => driver.list().filter((r) => r.running).map((r) => r.spec);
   const ids = (service: string) => running().filter((r) => r.service === service).map((r) => r.id);
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-2222aaaa"), { recursive: true });
@@ -444,11 +449,7 @@ it("rolls forward past the swap commit when the router never answers: completed 
 
 it("fails a deploy whose health check never passes with what the health path last answered, and the running version keeps serving", async () => {
   expect((await deployer.deploy({ ...job, action_id: "0d1e2f3a-4b5c-4d6e-9f7a-8b9c0d1e2f3a", image_tag: "main-4567cdef" })).status).toBe("completed");
-  const failing = (run: string) => {
-    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: ${run}\n    port: 8080\n    health: /healthz\n`);
-    if (!parsed.ok) throw new Error(`the config is invalid: ${JSON.stringify(parsed.errors)}`);
-    return new Deployer({ ...baseDeps, healthTimeoutMs: 2_500, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
-  };
+  const failing = (run: string) => deployerFor(`type: container\nservices:\n  web:\n    run: ${run}\n    port: 8080\n    health: /healthz\n`, { healthTimeoutMs: 2_500 });
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-3333bbbb"), { recursive: true });
 
   const unhealthy = failing(`node -e "require('node:http').createServer((q, s) => { s.statusCode = 503; s.end() }).listen(process.env.PORT)"`);
@@ -477,11 +478,7 @@ async function requestLoop(done: () => boolean): Promise<Map<number, number>> {
 }
 
 it("restarts a service one replica at a time with no failed request, even a lone replica; a second stop says nothing ran", async () => {
-  const withReplicas = (n: number) => {
-    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n    replicas: ${n}\n`);
-    if (!parsed.ok) throw new Error("the config is invalid");
-    return new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
-  };
+  const withReplicas = (n: number) => deployerFor(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n    replicas: ${n}\n`);
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-4444cccc"), { recursive: true });
   for (const n of [2, 1]) {
     const d = withReplicas(n);
@@ -511,11 +508,8 @@ it("restarts a service one replica at a time with no failed request, even a lone
 });
 
 it("fails a deploy whose background worker exits a second after it started, and the running release keeps its workers", async () => {
-  const withWorker = (worker: string) => {
-    const parsed = parseAppConfigYaml(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n  worker:\n    run: ${worker}\n    background: true\n`);
-    if (!parsed.ok) throw new Error(`the config is invalid: ${JSON.stringify(parsed.errors)}`);
-    return new Deployer({ ...baseDeps, resolve: async (j) => ({ imageTag: j.image_tag ?? TAG, config: parsed.config as Record<string, unknown>, env: {}, hosts: [HOST] }) });
-  };
+  const withWorker = (worker: string) =>
+    deployerFor(`type: container\nservices:\n  web:\n    run: node server.js\n    port: 8080\n    health: /healthz\n    mount: /\n  worker:\n    run: ${worker}\n    background: true\n`);
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-5555dddd"), { recursive: true });
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", "main-6666eeee"), { recursive: true });
   expect((await withWorker(`node -e "setInterval(() => {}, 1000)"`).deploy({ ...job, action_id: randomUUID(), image_tag: "main-5555dddd" })).status).toBe("completed");
