@@ -253,7 +253,8 @@ async function killLeftovers(run: string): Promise<void> {
 /** The environment of build commands: nothing of the agent's own secrets, a PATH and a HOME. */
 function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
   return {
-    PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
+    // The node the agent runs on first, as for replicas: a build and its service run the same one.
+    PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin"}`,
     HOME: home,
     LANG: "C.UTF-8",
     CI: "true",

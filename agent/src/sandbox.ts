@@ -67,7 +67,7 @@ export interface SandboxedCommand {
 export interface Hidden {
   dirs: string[];
   files: string[];
-  /** Files inside a hidden directory that must still be read (see NAME_RESOLUTION). */
+  /** Paths inside a hidden directory or /tmp that must still be read (see mustStayReadable). */
   readable: string[];
 }
 
@@ -96,10 +96,13 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden): string[] {
 }
 
 /**
- * Name resolution reads these, and a host may keep them where the sandbox hides things
- * (systemd-resolved's resolv.conf is a link into /run).
+ * What tenant code must still read where the sandbox hides things: name resolution
+ * (systemd-resolved's resolv.conf is a link into /run), and the node the agent runs on, which
+ * tenant code finds first on its PATH (a checkout under /tmp or a hidden home keeps it there).
  */
-const NAME_RESOLUTION = ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"];
+function mustStayReadable(): string[] {
+  return ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", path.dirname(process.execPath)];
+}
 
 /** Within a home directory, what holds credentials: hidden when the whole home cannot be. */
 const HOME_CREDENTIALS = [
@@ -182,11 +185,13 @@ export class Sandbox {
       if (st) found.set(real, st.isDirectory());
     }
     const dirs = [...found].filter(([, dir]) => dir).map(([p]) => p);
-    const inside = (p: string) => dirs.some((q) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`));
+    const within = (p: string, q: string) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
+    const inside = (p: string) => dirs.some((q) => within(p, q));
     const readable: string[] = [];
-    for (const p of NAME_RESOLUTION) {
+    for (const p of mustStayReadable()) {
       const real = await realpath(p).catch(() => null);
-      if (real && inside(real) && (await stat(real).catch(() => null))?.isFile()) readable.push(real);
+      // The sandbox's own /tmp covers the host's too.
+      if (real && (inside(real) || within(real, "/tmp")) && (await stat(real).catch(() => null))) readable.push(real);
     }
     return {
       dirs: dirs.filter((p) => !inside(p)).sort(),

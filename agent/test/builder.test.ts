@@ -168,6 +168,7 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
       images: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "images"))}).length || fs.readdirSync("/nonexistent")),
       agent: attempt(() => process.kill(${process.pid}, 0)),
       processes: fs.readdirSync("/proc").filter((p) => /^[0-9]+$/.test(p)).length,
+      node: process.execPath,
     }));
   `;
   const fixture = await makeFixtureRepo("node-web", { files: { "probe.cjs": probe, "platform.yaml": webConfigBuiltBy("node probe.cjs") } });
@@ -179,7 +180,8 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
     const outcome = await runBuild({ ...job("main-0000000a", true), repository: fixture.url }, { ...d, sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), secrets], what: "build commands" }), log: (l) => void lines.push(l.message) });
     expect(outcome, lines.join("\n")).toMatchObject({ status: "completed", error_message: "" });
     const seen = JSON.parse(lines.find((l) => l.startsWith("PROBE "))!.slice("PROBE ".length));
-    expect(seen).toMatchObject({ checkout: "ok", home: "ok", tmp: "ok", host: "EROFS", secret: "ENOENT", agent: "ESRCH" });
+    // The node the agent runs on, wherever it lies (a checkout under /tmp, say): first on the PATH, and readable.
+    expect(seen).toMatchObject({ checkout: "ok", home: "ok", tmp: "ok", host: "EROFS", secret: "ENOENT", agent: "ESRCH", node: process.execPath });
     expect(seen.images).not.toBe("ok");
     // Its own pid namespace: the shell, node and the sandbox's init, not the host's processes.
     expect(seen.processes).toBeLessThan(6);
