@@ -7,7 +7,7 @@
  */
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readdir, readFile, rename, rm, stat } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
@@ -356,9 +356,14 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     await enter("config", { commit });
     const configPath = checkConfigPath(job.config_path || "platform.yaml");
     if (!configPath.ok) throw new BuildFailure(configPath.detail);
-    const file = path.join(src, configPath.path);
-    const real = await stat(file).catch(() => null);
-    if (!real?.isFile()) throw new BuildFailure(`The repository has no ${configPath.path} on ${job.branch}.`);
+    // Read by the agent, outside any sandbox: a symbolic link in the repository must not make it
+    // read (and print, in the parser's messages) a file of the host's.
+    const file = await realpath(path.join(src, configPath.path)).catch(() => null);
+    const root = await realpath(src);
+    if (file && !file.startsWith(`${root}${path.sep}`)) {
+      throw new BuildFailure(`${configPath.path} is a symbolic link to a path outside the repository; the config must be a file in it.`);
+    }
+    if (!file || !(await stat(file)).isFile()) throw new BuildFailure(`The repository has no ${configPath.path} on ${job.branch}.`);
     const parsed = parseAppConfigYaml(await readFile(file, "utf8"));
     if (!parsed.ok) {
       for (const p of parsed.errors) emit("error", `${configPath.path}${p.line ? `:${p.line}:${p.column}` : ""}: ${p.path ? `${p.path}: ` : ""}${p.message}`);

@@ -33,7 +33,7 @@ async function findOnPath(name: string): Promise<string | null> {
 export async function probeSandbox(): Promise<SandboxProbe> {
   const bwrap = await findOnPath("bwrap");
   if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
-  const args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL", "true"];
+  const args = sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }).concat("--", "true");
   return new Promise((resolve) => {
     const child = spawn(bwrap, args, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
     let stderr = "";
@@ -81,6 +81,8 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden): string[] {
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--proc", "/proc",
+    // The new /proc is the host kernel's: without a user namespace, uid 0 could write its settings.
+    "--ro-bind", "/proc/sys", "/proc/sys",
     // Before the binds: a writable path may lie under /tmp or a hidden path, and must show through.
     "--tmpfs", "/tmp",
     ...hidden.dirs.flatMap((p) => ["--tmpfs", p]),

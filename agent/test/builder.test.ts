@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/fixtures/git.ts";
@@ -191,6 +191,24 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
     expect(await readFile(path.join(kept, "built-here.txt"), "utf8")).toBe("yes");
   } finally {
     await fixture.cleanup();
+    await rm(outside, { recursive: true, force: true });
+  }
+});
+
+it("refuses a platform.yaml that links outside the repository, printing nothing of the file it names", async () => {
+  const outside = await mkdtemp("/var/tmp/agent-builder-link-");
+  await writeFile(path.join(outside, "secret.yaml"), "pf_k1_CANARY0123456789abcdef: {x: 1}\n", { mode: 0o600 });
+  const linked = await makeFixtureRepo("node-web");
+  try {
+    await rm(path.join(linked.dir, "platform.yaml"));
+    await symlink(path.join(outside, "secret.yaml"), path.join(linked.dir, "platform.yaml"));
+    await linked.commit("config elsewhere");
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-0000000b", false), repository: linked.url }, { ...deps(), log: (l) => void lines.push(l.message) });
+    expect(outcome).toMatchObject({ status: "failed", error_message: "platform.yaml is a symbolic link to a path outside the repository; the config must be a file in it." });
+    expect(lines.join("\n")).not.toContain("CANARY");
+  } finally {
+    await linked.cleanup();
     await rm(outside, { recursive: true, force: true });
   }
 });

@@ -67,7 +67,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     return JSON.parse(stdout) as Record<string, string>;
   }
 
-  it("hides a directory as empty, a file and a socket as unopenable; the rest of the host stays readable", async () => {
+  it("hides a directory as empty, a file and a socket as unopenable, keeps the kernel's settings read-only; the rest of the host stays readable", async () => {
     const seen = await run(`
       const fs = require("node:fs");
       const net = require("node:net");
@@ -82,10 +82,12 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
         run: attempt(() => fs.readdirSync("/run").filter((e) => !e.startsWith(".")).join(",")),
         resolv: attempt(() => fs.readFileSync("/etc/resolv.conf").length >= 0),
+        // Its own value written back: harmless should the sandbox ever let it through.
+        sysctl: attempt(() => fs.writeFileSync("/proc/sys/kernel/printk_ratelimit", fs.readFileSync("/proc/sys/kernel/printk_ratelimit"))),
         socket,
       })));
     `);
-    expect(seen).toEqual({ dir: "", file: "EACCES", visible: "shown", run: expect.not.stringMatching(/postgresql|docker/), resolv: "true", socket: expect.stringMatching(/^(EACCES|ECONNREFUSED)$/) });
+    expect(seen).toEqual({ dir: "", file: "EACCES", visible: "shown", run: expect.not.stringMatching(/postgresql|docker/), resolv: "true", sysctl: "EROFS", socket: expect.stringMatching(/^(EACCES|ECONNREFUSED)$/) });
     // The host's own view is untouched.
     expect(await new Promise((resolve) => net.connect(path.join(dir, "daemon.sock")).on("data", (d) => resolve(String(d))))).toBe("hello from the host's socket\n");
   });
