@@ -12,6 +12,7 @@ import {
   DEFAULT_DATABASE_URL,
   DEFAULT_NATS_URL,
   FleetStartError,
+  adminSocketUrl,
   InfrastructureError,
   REPO_ROOT,
   defaultPorts,
@@ -27,6 +28,8 @@ import {
 const env = { ...process.env };
 env.DATABASE_URL ||= DEFAULT_DATABASE_URL;
 env.NATS_URL ||= DEFAULT_NATS_URL;
+// On a socket under .data, which the sandbox hides: no tenant code can rewrite the routes.
+env.AGENT_ROUTER_ADMIN_URL ||= adminSocketUrl(path.join(DEFAULT_DATA_DIR, "caddy", "admin.sock"));
 const port = Number(env.PORT || GATEWAY_PORT);
 if (!Number.isInteger(port) || port < 1 || port > 65535) {
   process.stderr.write(`Invalid environment variable PORT: must be a port between 1 and 65535 (got '${env.PORT}')\n`);

@@ -13,6 +13,7 @@
  * request in flight is failed by it. Only the old config's idle keep-alive connections are closed;
  * a client that had just written a request on one sends it again, as HTTP clients do.
  */
+import { caddyAdmin } from "@platform/fleet";
 import type { Logger } from "@platform/logger";
 import { Mutex } from "./mutex.ts";
 import type { MountSpec, RouteSpec, Router, RoutingDrift } from "./router-types.ts";
@@ -185,17 +186,8 @@ interface AdminReply {
   text: string;
 }
 
-/** How a request on a kept-alive connection to a restarted Caddy fails. */
-const STALE_CONNECTION = new Set(["UND_ERR_SOCKET", "ECONNRESET"]);
-
-function causeText(err: unknown): string {
-  if (err instanceof Error && err.name === "TimeoutError") return `no answer within ${ADMIN_TIMEOUT_MS / 1000} s`;
-  const cause = err instanceof Error ? (err.cause as { code?: string; message?: string } | undefined) : undefined;
-  return cause?.code ?? cause?.message ?? errorText(err);
-}
-
 export interface CaddyRouterOptions {
-  /** Caddy's admin API, e.g. `http://127.0.0.1:2019`. */
+  /** Caddy's admin API: `http://127.0.0.1:2019` or `unix:///path/to/admin.sock`. */
   adminUrl: string;
   /** The port the `platform` server serves every front door on. */
   listenPort: number;
@@ -286,22 +278,11 @@ export class CaddyRouter implements Router {
     if (reply.status !== 200) throw this.failure(method, path, reply);
   }
 
-  private async admin(method: string, path: string, body?: unknown, retried = false): Promise<AdminReply> {
+  private async admin(method: string, path: string, body?: unknown): Promise<AdminReply> {
     try {
-      const res = await fetch(`${this.adminUrl}${path}`, {
-        method,
-        headers: body === undefined ? {} : { "content-type": "application/json" },
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.timeout(ADMIN_TIMEOUT_MS),
-      });
-      return { status: res.status, text: await res.text() };
+      return await caddyAdmin(this.adminUrl, method, path, { body: body === undefined ? undefined : JSON.stringify(body), timeoutMs: ADMIN_TIMEOUT_MS });
     } catch (err) {
-      // A kept-alive connection to a Caddy that has since restarted is closed (or reset) under
-      // the request: one more try goes out on a new connection. Reads and whole-object writes
-      // repeat safely; a front door added twice is refused by Caddy (its @id is taken), and put
-      // replaces it by id when asked again.
-      if (!retried && STALE_CONNECTION.has(causeText(err))) return this.admin(method, path, body, true);
-      throw new Error(`Caddy admin API at ${this.adminUrl} is not reachable (${causeText(err)})`, { cause: err });
+      throw new Error(`Caddy admin API at ${this.adminUrl} is not reachable (${(err as NodeJS.ErrnoException).code ?? errorText(err)})`, { cause: err });
     }
   }
 

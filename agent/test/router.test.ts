@@ -9,6 +9,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { caddyAdmin } from "@platform/fleet";
 import { freePorts, startCaddy, type StartedCaddy } from "@platform/testing";
 import { CaddyRouter, NOT_FOUND_BODY, NO_MOUNT_BODY, NO_REPLICA_BODY, frontDoorRoute, keyOfRouteId, routeId } from "../src/router.ts";
 import type { RouteSpec } from "../src/router-types.ts";
@@ -17,7 +18,6 @@ const HOST = "app.t.localhost";
 const SLOW_MS = 600;
 
 let dataDir: string;
-let adminPort: number;
 let httpPort: number;
 let caddy: StartedCaddy;
 let router: CaddyRouter;
@@ -87,35 +87,22 @@ function frontDoor(colour: "blue" | "green", key = "grp/app/main", hosts = [HOST
 }
 
 /** A change made by hand through Caddy's admin API, as an operator with curl would; answers Caddy's reply. */
-async function byHand(method: string, urlPath: string, body?: unknown, retried = false): Promise<unknown> {
-  let res: Response;
-  try {
-    res = await fetch(`${caddy.adminUrl}${urlPath}`, {
-      method,
-      headers: body === undefined ? {} : { "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-  } catch (err) {
-    // Caddy closes its admin connections when it loads a config: a kept-alive one can be closed
-    // under the next request (the router retries the same way).
-    const code = (err as { cause?: { code?: string } }).cause?.code;
-    if (!retried && (code === "UND_ERR_SOCKET" || code === "ECONNRESET")) return byHand(method, urlPath, body, true);
-    throw err;
-  }
-  const text = await res.text();
-  expect(res.status, text).toBe(200);
-  return text === "" ? null : (JSON.parse(text) as unknown);
+async function byHand(method: string, urlPath: string, body?: unknown): Promise<unknown> {
+  const res = await caddyAdmin(caddy.adminUrl, method, urlPath, { body: body === undefined ? undefined : JSON.stringify(body), timeoutMs: 10_000 });
+  expect(res.status, res.text).toBe(200);
+  return res.text === "" ? null : (JSON.parse(res.text) as unknown);
 }
 
 const SERVER = "/config/apps/http/servers/platform";
 
 async function startOwnCaddy(): Promise<StartedCaddy> {
-  return startCaddy({ adminPort, httpPort, dataDir, log: () => undefined });
+  // The admin API on a socket, as npm start and test fleets run it.
+  return startCaddy({ adminSocket: path.join(dataDir, "admin.sock"), httpPort, dataDir, log: () => undefined });
 }
 
 beforeAll(async () => {
   dataDir = await mkdtemp(path.join(os.tmpdir(), "agent-router-test-"));
-  [adminPort, httpPort] = (await freePorts(2)) as [number, number];
+  [httpPort] = (await freePorts(1)) as [number];
   [upstreams.blue, upstreams.green, upstreams.api] = await Promise.all([upstream("blue"), upstream("green"), upstream("api")]);
   caddy = await startOwnCaddy();
   router = new CaddyRouter({ adminUrl: caddy.adminUrl, listenPort: httpPort });

@@ -11,6 +11,7 @@
  * same duration (BENCH_SECONDS, default 8) and connections (32, keep-alive), alternating direct
  * and router twice; the better run of each side is compared.
  */
+import { caddyAdmin } from "@platform/fleet";
 import { startTestFleet, type TestFleet } from "@platform/testing";
 import { makeFixtureRepo, type FixtureRepo } from "../fixtures/git.ts";
 import { call, load, report, waitFor, warm, type LoadResult, type Verdict } from "./lib.ts";
@@ -38,9 +39,9 @@ function upstreamsOf(route: CaddyRoute): string[] {
 
 /** The replica the router sends the app's host name to, from Caddy's own config. */
 async function replicaFromCaddy(adminUrl: string, hostname: string): Promise<{ host: string; port: number }> {
-  const res = await fetch(`${adminUrl}/config/apps/http/servers/platform/routes`);
-  if (res.status !== 200) throw new Error(`Caddy admin: ${res.status} ${await res.text()}`);
-  const routes = (await res.json()) as CaddyRoute[];
+  const res = await caddyAdmin(adminUrl, "GET", "/config/apps/http/servers/platform/routes", { timeoutMs: 10_000 });
+  if (res.status !== 200) throw new Error(`Caddy admin: ${res.status} ${res.text}`);
+  const routes = JSON.parse(res.text) as CaddyRoute[];
   const route = routes.find((r) => r.match?.some((m) => m.host?.includes(hostname)));
   if (!route) throw new Error(`no route for ${hostname} in Caddy's config: ${JSON.stringify(routes)}`);
   const dials = upstreamsOf(route);

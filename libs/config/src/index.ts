@@ -40,7 +40,7 @@ export function serviceSchema(name: ServiceName): string {
   return name.replaceAll("-", "_");
 }
 
-type VarType = "string" | "url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum";
+type VarType = "string" | "url" | "admin-url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum";
 
 export interface VarSpec {
   type: VarType;
@@ -103,6 +103,7 @@ function parseValue(name: string, spec: VarSpec, raw: string): string | number |
       return n;
     }
     case "url":
+    case "admin-url":
     case "postgres-url":
     case "nats-url": {
       let url: URL;
@@ -116,7 +117,9 @@ function parseValue(name: string, spec: VarSpec, raw: string): string | number |
           ? ["postgres:", "postgresql:"]
           : spec.type === "nats-url"
             ? ["nats:", "tls:", "ws:", "wss:"]
-            : ["http:", "https:"];
+            : spec.type === "admin-url"
+              ? ["http:", "https:", "unix:"]
+              : ["http:", "https:"];
       if (!schemes.includes(url.protocol)) {
         throw new ConfigError(name, `must use ${schemes.map((s) => `${s}//`).join(" or ")} (got '${shown}')`);
       }
@@ -319,7 +322,11 @@ export const agentEnv = {
   },
   AGENT_RUNTIME: { type: "enum", default: "process", values: ["process", "docker"], description: "runtime driver of deployed services" },
   AGENT_DOCKER_SOCKET: { type: "string", default: "/var/run/docker.sock", description: "Docker Engine API socket (runtime docker)" },
-  AGENT_ROUTER_ADMIN_URL: { type: "url", default: "http://127.0.0.1:2019", description: "admin API of this host's Caddy" },
+  AGENT_ROUTER_ADMIN_URL: {
+    type: "admin-url",
+    default: "http://127.0.0.1:2019",
+    description: "admin API of this host's Caddy: http://host:port, or unix:///path/to/socket (what npm start and test fleets use: no process of the host but the agent reaches it)",
+  },
   AGENT_HEALTH_CHECK_TIMEOUT_S: {
     type: "int",
     default: "60",

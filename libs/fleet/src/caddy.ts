@@ -5,6 +5,7 @@
  * its output) stays under the data directory, never under $HOME.
  */
 import fs from "node:fs";
+import http from "node:http";
 import path from "node:path";
 import { spawn } from "node:child_process";
 import { lastLines, sleep, which } from "./exec.ts";
@@ -12,8 +13,14 @@ import { InfrastructureError, ensureBinaries, type InfraLog } from "./infrastruc
 import { isPortFree } from "./ports.ts";
 
 export interface StartCaddyOptions {
-  /** Port of the admin API, on 127.0.0.1. */
-  adminPort: number;
+  /** Port of the admin API, on 127.0.0.1; or else... */
+  adminPort?: number;
+  /**
+   * ...the admin API on this unix socket (its directory is created). A host running tenant code
+   * wants this: a TCP port on 127.0.0.1 is open to every process of the host, and whoever
+   * reaches the admin API rewrites the routes of every app (and Caddy, as root, serves files).
+   */
+  adminSocket?: string;
   /** Port the agent's router will serve apps on; it must be free. */
   httpPort: number;
   /** Caddy's config, storage and output (`caddy.log`) go here. */
@@ -61,12 +68,52 @@ export function allowListenerMigration(log: InfraLog): void {
   }
 }
 
+/** The admin API's URL for a unix socket (AGENT_ROUTER_ADMIN_URL accepts it as well as http://). */
+export function adminSocketUrl(socket: string): string {
+  return `unix://${path.resolve(socket)}`;
+}
+
+/**
+ * One request to a Caddy admin API at `adminUrl`: `http://host:port` or `unix:///path/to/socket`.
+ * A new connection each time: Caddy closes its admin connections when it loads a config, and
+ * one kept alive across that would fail the next request.
+ */
+export function caddyAdmin(adminUrl: string, method: string, urlPath: string, opts: { body?: string; timeoutMs: number }): Promise<{ status: number; text: string }> {
+  const url = new URL(adminUrl);
+  const target: http.RequestOptions =
+    url.protocol === "unix:"
+      ? // Caddy takes only an empty Host on a socket (it checks Host against its allowed origins).
+        { socketPath: url.pathname, setHost: false, headers: { Host: "" } }
+      : { host: url.hostname, port: url.port || 80 };
+  const prefix = url.protocol === "unix:" ? "" : url.pathname.replace(/\/+$/, "");
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      {
+        ...target,
+        method,
+        path: `${prefix}${urlPath}`,
+        agent: false,
+        timeout: opts.timeoutMs,
+        headers: { ...target.headers, ...(opts.body === undefined ? {} : { "content-type": "application/json" }) },
+      },
+      (res) => {
+        let text = "";
+        res.setEncoding("utf8");
+        res.on("data", (chunk: string) => (text += chunk));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, text }));
+        res.on("error", reject);
+      },
+    );
+    req.on("timeout", () => req.destroy(new Error(`no answer within ${opts.timeoutMs} ms`)));
+    req.on("error", reject);
+    req.end(opts.body);
+  });
+}
+
 /** Whether a Caddy admin API answers at `adminUrl`. */
 export async function probeCaddy(adminUrl: string, timeoutMs = 2000): Promise<boolean> {
   try {
-    const res = await fetch(`${adminUrl.replace(/\/+$/, "")}/config/`, { signal: AbortSignal.timeout(timeoutMs) });
-    await res.arrayBuffer();
-    return res.ok;
+    return (await caddyAdmin(adminUrl, "GET", "/config/", { timeoutMs })).status === 200;
   } catch {
     return false;
   }
@@ -77,11 +124,12 @@ export async function startCaddy(opts: StartCaddyOptions): Promise<StartedCaddy>
   const timeoutMs = opts.timeoutMs ?? 30_000;
   await ensureBinaries(["caddy"], log);
   const bin = caddyBin()!;
+  if ((opts.adminPort === undefined) === (opts.adminSocket === undefined)) throw new Error("startCaddy needs exactly one of adminPort and adminSocket");
   for (const [port, what] of [
     [opts.adminPort, "Caddy's admin API (AGENT_ROUTER_ADMIN_URL)"],
     [opts.httpPort, "the router (PLATFORM_ROUTER_PORT)"],
   ] as const) {
-    if (!(await isPortFree(port))) throw new InfrastructureError(`port ${port}, meant for ${what}, is already in use`);
+    if (port !== undefined && !(await isPortFree(port))) throw new InfrastructureError(`port ${port}, meant for ${what}, is already in use`);
   }
 
   allowListenerMigration(log);
@@ -89,10 +137,16 @@ export async function startCaddy(opts: StartCaddyOptions): Promise<StartedCaddy>
   fs.mkdirSync(dataDir, { recursive: true });
   const configFile = path.join(dataDir, "caddy.json");
   const logFile = path.join(dataDir, "caddy.log");
-  const adminUrl = `http://127.0.0.1:${opts.adminPort}`;
+  const socket = opts.adminSocket === undefined ? undefined : path.resolve(opts.adminSocket);
+  if (socket) {
+    fs.mkdirSync(path.dirname(socket), { recursive: true, mode: 0o700 });
+    // One a Caddy killed earlier left behind would make this one fail to listen.
+    fs.rmSync(socket, { force: true });
+  }
+  const adminUrl = socket ? adminSocketUrl(socket) : `http://127.0.0.1:${opts.adminPort}`;
   const config = {
     // The agent re-asserts its routes when Caddy comes back empty; a saved copy would only go stale.
-    admin: { listen: `127.0.0.1:${opts.adminPort}`, config: { persist: false } },
+    admin: { listen: socket ? `unix/${socket}` : `127.0.0.1:${opts.adminPort}`, config: { persist: false } },
     storage: { module: "file_system", root: path.join(dataDir, "storage") },
   };
   fs.writeFileSync(configFile, `${JSON.stringify(config, null, 2)}\n`);

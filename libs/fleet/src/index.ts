@@ -30,7 +30,7 @@ export {
   type ProcessKind,
   type StartFleetOptions,
 } from "./fleet.ts";
-export { startCaddy, probeCaddy, type StartCaddyOptions, type StartedCaddy } from "./caddy.ts";
+export { adminSocketUrl, caddyAdmin, startCaddy, probeCaddy, type StartCaddyOptions, type StartedCaddy } from "./caddy.ts";
 export { freePort, freePorts, isPortFree } from "./ports.ts";
 export { stopReplicas } from "./replicas.ts";
 export { loadOrCreateRootKey, generateRootKey, internalToken, rootKeyFile, ROOT_KEY_PATTERN } from "./root-key.ts";

@@ -395,8 +395,9 @@ async function startNats(natsUrl: string, dataDir: string, log: InfraLog): Promi
 // Caddy
 
 async function startRouterCaddy(router: { adminUrl: string; port: number }, dataDir: string, log: InfraLog, timeoutMs: number): Promise<Started> {
+  const admin = new URL(router.adminUrl);
   const caddy = await startCaddy({
-    adminPort: Number(new URL(router.adminUrl).port || 80),
+    ...(admin.protocol === "unix:" ? { adminSocket: admin.pathname } : { adminPort: Number(admin.port || 80) }),
     httpPort: router.port,
     dataDir: path.join(dataDir, "caddy"),
     log,

@@ -18,6 +18,7 @@ import { platformErrorOf } from "@platform/rpc";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
+  adminSocketUrl,
   DEFAULT_DATABASE_URL,
   DEFAULT_NATS_URL,
   REPO_ROOT,
@@ -204,9 +205,9 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
   const databaseUrl = await createTestDatabase({ name: `${TEST_DATABASE_PREFIX}${busPrefix.slice(1)}` });
   const rootKey = options.rootKey ?? generateRootKey();
   const processPorts = 8 + replicas + 1;
-  const portList = await freePorts(processPorts + 2);
+  const portList = await freePorts(processPorts + 1);
   const ports = portsFromList(portList, replicas);
-  const [routerAdminPort, routerPort] = portList.slice(processPorts) as [number, number];
+  const routerPort = portList[processPorts]!;
   const withAgent = options.agent ?? true;
   const fleetDir = await mkdtemp(path.join(os.tmpdir(), `platform-fleet-${busPrefix}-`));
   const env: Record<string, string> = {};
@@ -218,7 +219,8 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
     BUS_PREFIX: busPrefix,
     PLATFORM_INTERNAL_TOKEN: internalToken(options.env ?? {}),
     PLATFORM_ROUTER_PORT: String(routerPort),
-    AGENT_ROUTER_ADMIN_URL: withAgent ? `http://127.0.0.1:${routerAdminPort}` : undefined,
+    // A socket under the fleet's directory, as npm start has it: out of reach of tenant code.
+    AGENT_ROUTER_ADMIN_URL: withAgent ? adminSocketUrl(path.join(fleetDir, "caddy", "admin.sock")) : undefined,
     // The agent's clones, images, releases and replicas belong to this fleet alone.
     AGENT_WORK_DIR: path.join(fleetDir, "agent"),
     AGENT_IMAGE_DIR: path.join(fleetDir, "agent", "images"),
@@ -240,7 +242,7 @@ export async function startTestFleet(options: TestFleetOptions = {}): Promise<Te
   let fleet;
   try {
     if (withAgent) {
-      caddy = await startCaddy({ adminPort: routerAdminPort, httpPort: routerPort, dataDir: path.join(fleetDir, "caddy"), log: () => undefined });
+      caddy = await startCaddy({ adminSocket: path.join(fleetDir, "caddy", "admin.sock"), httpPort: routerPort, dataDir: path.join(fleetDir, "caddy"), log: () => undefined });
     }
     fleet = await startFleet({
       env,
