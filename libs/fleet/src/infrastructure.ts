@@ -481,8 +481,9 @@ export async function ensureInfrastructure(opts: InfrastructureOptions): Promise
   if (down.length === 0) return { started: [], stop: async () => undefined };
 
   for (const p of down) {
-    const host = new URL(urls[p]).hostname;
-    if (!isLoopback(host)) {
+    const url = new URL(urls[p]);
+    // A unix socket is on this machine by definition.
+    if (url.protocol !== "unix:" && !isLoopback(url.hostname)) {
       const reason = results[parts.indexOf(p)]?.reason ?? "no answer";
       throw new InfrastructureError(
         `${labels[p]} at ${redactUrl(urls[p])} does not answer (${reason}); it is not on this machine, so it cannot be started here.`,

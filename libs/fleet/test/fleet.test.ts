@@ -7,6 +7,8 @@ import { SERVICES } from "@platform/config";
 import {
   DEFAULT_DATA_DIR,
   DEFAULT_DATABASE_URL,
+  adminSocketUrl,
+  caddyAdmin,
   DEFAULT_NATS_URL,
   FleetStartError,
   InfrastructureError,
@@ -40,8 +42,9 @@ describe("ensureInfrastructure", () => {
 
   it("with keepRunning, starts the Caddy it started again when it dies, and stops it for good on stop()", async () => {
     const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "fleet-infra-"));
-    const [adminPort, routerPort] = await freePorts(2);
-    const adminUrl = `http://127.0.0.1:${adminPort}`;
+    const [routerPort] = await freePorts(1);
+    // Its admin API on a socket, as npm start has it.
+    const adminUrl = adminSocketUrl(path.join(dataDir, "caddy", "admin.sock"));
     const lines: string[] = [];
     const infra = await ensureInfrastructure({
       databaseUrl,
@@ -54,7 +57,7 @@ describe("ensureInfrastructure", () => {
     try {
       expect(infra.started).toEqual(["caddy"]);
       // Caddy's own admin API ends it (exit code 0), as a crash would.
-      await fetch(`${adminUrl}/stop`, { method: "POST" });
+      await caddyAdmin(adminUrl, "POST", "/stop", { timeoutMs: 5_000 });
       await vi.waitUntil(() => lines.some((l) => l.includes("starting caddy again")), { timeout: 10_000, interval: 100 });
       // Said once its admin API answers again (which a probe of ours may see a moment earlier).
       await vi.waitUntil(() => lines.includes("caddy ready again"), { timeout: 30_000, interval: 100 });
