@@ -22,6 +22,7 @@ import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
+import { probeMemoryCgroup } from "./runtime/process.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -76,6 +77,11 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     onChange: () => beatOnChange?.(),
   });
 
+  const buildMemory = probeMemoryCgroup().then((probe) => {
+    if (probe.ok) return probe.cgroup;
+    logger.warn({ reason: probe.reason }, "build commands run without a memory limit");
+    return null;
+  });
   const load = new LoadSampler();
   const beat = async () => {
     // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.
@@ -125,6 +131,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
       releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
       sandbox: new Sandbox({ hide: hidden, logger, what: "build commands" }),
+      memory: { limitMb: config.AGENT_BUILD_MEMORY_MB, cgroup: () => buildMemory },
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

@@ -15,6 +15,7 @@ import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import type { Sandbox } from "./sandbox.ts";
+import { createMemoryCgroup, inCgroup, oomKillCount, removeCgroup, type MemoryCgroup } from "./runtime/process.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -66,6 +67,12 @@ export interface BuildDeps {
    * and its HOME and sees neither the agent's files nor its processes. Unsandboxed when absent.
    */
   sandbox?: Sandbox;
+  /**
+   * Each build command's memory bound (its processes together, swap included): one that passes
+   * it is OOM-killed and fails the build, instead of starving the host's replicas and the agent.
+   * Unbounded when absent or when the host has no usable memory cgroup.
+   */
+  memory?: { limitMb: number; cgroup(): Promise<MemoryCgroup | null> };
 }
 
 export interface BuildOutcome {
@@ -381,15 +388,28 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
-      const argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
-      const run = await runCommand(argv, {
-        cwd: src,
-        env: buildEnv(job, home),
-        deadline,
-        onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
-        room: deps.logRoom,
-      });
+      let argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
+      const parent = deps.memory ? await deps.memory.cgroup() : null;
+      const cgroup = parent && deps.memory ? await createMemoryCgroup(parent, `build-${job.build_id}-${name}`, deps.memory.limitMb) : null;
+      if (cgroup) argv = inCgroup(cgroup, argv);
+      let oomKilled = false;
+      let run: { code: number | null; timedOut: boolean };
+      try {
+        run = await runCommand(argv, {
+          cwd: src,
+          env: buildEnv(job, home),
+          deadline,
+          onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
+          room: deps.logRoom,
+        });
+        oomKilled = cgroup !== null && (await oomKillCount(cgroup)) > 0;
+      } finally {
+        if (cgroup) await removeCgroup(cgroup).catch(() => undefined);
+      }
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
+      if (run.code !== 0 && oomKilled) {
+        throw new BuildFailure(`The build command of service ${name} was killed for using more than ${deps.memory!.limitMb} MB of memory (the agent's AGENT_BUILD_MEMORY_MB).`);
+      }
       if (run.code !== 0) throw new BuildFailure(`The build command of service ${name} exited with code ${run.code}.`);
     }
 

@@ -13,10 +13,12 @@ import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "..
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
+import { probeMemoryCgroup } from "../src/runtime/process.ts";
 
 // Build commands run as the agent runs them: sandboxed where this machine can.
 const sandbox = await probeSandbox();
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
+const memoryCgroup = await probeMemoryCgroup();
 
 let dir: string;
 let repo: FixtureRepo;
@@ -192,6 +194,28 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
   } finally {
     await fixture.cleanup();
     await rm(outside, { recursive: true, force: true });
+  }
+});
+
+it.skipIf(!memoryCgroup.ok)(`fails a build command that uses more memory than the agent allows, saying so${memoryCgroup.ok ? "" : ` (skipped: ${memoryCgroup.reason})`}`, async () => {
+  const hungry = await makeFixtureRepo("node-web", {
+    files: {
+      // Touches 1 MiB more every millisecond until something stops it.
+      "hungry.js": "const kept = []; setInterval(() => kept.push(Buffer.alloc(1 << 20, 1)), 1); setTimeout(() => console.log('never stopped'), 30000);\n",
+      "platform.yaml": webConfigBuiltBy("node hungry.js"),
+    },
+  });
+  try {
+    const cgroup = memoryCgroup.ok ? memoryCgroup.cgroup : null;
+    const outcome = await runBuild({ ...job("main-0000000c", false), repository: hungry.url }, { ...deps(), memory: { limitMb: 160, cgroup: async () => cgroup } });
+    expect(outcome).toMatchObject({
+      status: "failed",
+      error_message: "The build command of service web was killed for using more than 160 MB of memory (the agent's AGENT_BUILD_MEMORY_MB).",
+    });
+    // Its cgroup goes with it.
+    expect((await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-"))).toEqual([]);
+  } finally {
+    await hungry.cleanup();
   }
 });
 

@@ -300,8 +300,9 @@ export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
   return { ok: false, reason: reasons.join("; ") };
 }
 
-async function createReplicaCgroup(parent: MemoryCgroup, replicaId: string, memoryMb: number): Promise<string> {
-  const dir = path.join(parent.dir, `platform-${replicaId}`);
+/** A cgroup `platform-<name>` under `parent` holding its processes to `memoryMb` (swap included). */
+export async function createMemoryCgroup(parent: MemoryCgroup, name: string, memoryMb: number): Promise<string> {
+  const dir = path.join(parent.dir, `platform-${name}`);
   await mkdir(dir).catch((err: NodeJS.ErrnoException) => {
     if (err.code !== "EEXIST") throw err;
   });
@@ -322,8 +323,13 @@ async function createReplicaCgroup(parent: MemoryCgroup, replicaId: string, memo
   return dir;
 }
 
+/** `argv` run in `cgroup`: the shell joins it before it execs the rest, so the command never runs unlimited. */
+export function inCgroup(cgroup: string, argv: string[]): string[] {
+  return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
+}
+
 /** How many processes the kernel OOM-killed in the cgroup (v2 memory.events, v1 memory.oom_control). */
-async function oomKillCount(dir: string): Promise<number> {
+export async function oomKillCount(dir: string): Promise<number> {
   for (const file of ["memory.events", "memory.oom_control"]) {
     const text = await readFile(path.join(dir, file), "utf8").catch(() => null);
     const match = text?.match(/^oom_kill (\d+)$/m);
@@ -334,7 +340,7 @@ async function oomKillCount(dir: string): Promise<number> {
   return Number(failcnt.trim()) || 0;
 }
 
-async function removeCgroup(dir: string): Promise<void> {
+export async function removeCgroup(dir: string): Promise<void> {
   for (let attempt = 0; ; attempt++) {
     try {
       await rmdir(dir);
@@ -389,7 +395,7 @@ export class ProcessDriver implements RuntimeDriver {
     let oomBase = 0;
     if (memory && spec.memoryMb) {
       try {
-        cgroup = await createReplicaCgroup(memory, spec.id, spec.memoryMb);
+        cgroup = await createMemoryCgroup(memory, spec.id, spec.memoryMb);
         oomBase = await oomKillCount(cgroup);
       } catch (err) {
         this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's memory cgroup; it runs without a memory limit");
@@ -403,8 +409,7 @@ export class ProcessDriver implements RuntimeDriver {
     // No --die-with-parent: replicas must outlive the agent.
     const sandboxed = await this.#sandbox.wrap(["/bin/sh", "-c", spec.command], { writable: [releaseDir, home], chdir: releaseDir, dieWithParent: false });
     let argv = sandboxed.argv;
-    // The shell joins the cgroup before it execs the rest, so the command never runs unlimited.
-    if (cgroup) argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
+    if (cgroup) argv = inCgroup(cgroup, argv);
     const env: Record<string, string> = {
       PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? DEFAULT_PATH}`,
       HOME: home,

@@ -315,6 +315,11 @@ export const agentEnv = {
     description: "the host's image store: one archive per built tag",
   },
   AGENT_BUILD_TIMEOUT_S: { type: "int", default: "900", description: "a build running longer than this fails" },
+  AGENT_BUILD_MEMORY_MB: {
+    type: "int",
+    default: "4096",
+    description: "memory one build command may use (its processes together, swap included); past it the command is killed and the build fails (where the host has a writable memory cgroup)",
+  },
   AGENT_RUN_DIR: {
     type: "string",
     default: ".data/agent/run",
