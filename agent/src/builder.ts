@@ -404,7 +404,9 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
         });
         oomKilled = cgroup !== null && (await oomKillCount(cgroup)) > 0;
       } finally {
-        if (cgroup) await removeCgroup(cgroup).catch(() => undefined);
+        // Not waited for: a cgroup whose processes were just killed stays busy for a moment, and
+        // the build goes on meanwhile.
+        if (cgroup) void removeCgroup(cgroup).catch(() => undefined);
       }
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0 && oomKilled) {

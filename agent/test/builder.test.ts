@@ -213,7 +213,7 @@ it.skipIf(!memoryCgroup.ok)(`fails a build command that uses more memory than th
       error_message: "The build command of service web was killed for using more than 160 MB of memory (the agent's AGENT_BUILD_MEMORY_MB).",
     });
     // Its cgroup goes with it.
-    expect((await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-"))).toEqual([]);
+    await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
   } finally {
     await hungry.cleanup();
   }
