@@ -22,7 +22,7 @@ import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
-import { probeMemoryCgroup } from "./runtime/process.ts";
+import { probeMemoryCgroup } from "./memory-cgroup.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 

@@ -15,7 +15,7 @@ import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import type { Sandbox } from "./sandbox.ts";
-import { createMemoryCgroup, inCgroup, oomKillCount, removeCgroup, type MemoryCgroup } from "./runtime/process.ts";
+import { createMemoryCgroup, inCgroup, oomKillCount, removeCgroup, type MemoryCgroup } from "./memory-cgroup.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -257,6 +257,26 @@ async function killLeftovers(run: string): Promise<void> {
   );
 }
 
+/**
+ * Runs `argv` (through `run`) in a memory cgroup `name` of its own, when the agent has a memory
+ * limit and the host a usable cgroup; answers the run's outcome and whether it was OOM-killed. A
+ * cgroup that cannot be made leaves the command unlimited rather than failing the build, as for
+ * replicas.
+ */
+async function withMemoryLimit<R>(deps: BuildDeps, name: string, argv: string[], run: (argv: string[]) => Promise<R>): Promise<R & { oomKilled: boolean }> {
+  const parent = deps.memory ? await deps.memory.cgroup() : null;
+  const cgroup = parent && deps.memory ? await createMemoryCgroup(parent, name, deps.memory.limitMb).catch(() => null) : null;
+  if (!cgroup) return { ...(await run(argv)), oomKilled: false };
+  try {
+    const outcome = await run(inCgroup(cgroup, argv));
+    return { ...outcome, oomKilled: (await oomKillCount(cgroup)) > 0 };
+  } finally {
+    // Not waited for: a cgroup whose processes were just killed stays busy for a moment, and the
+    // build goes on meanwhile.
+    void removeCgroup(cgroup).catch(() => undefined);
+  }
+}
+
 /** The environment of build commands: nothing of the agent's own secrets, a PATH and a HOME. */
 function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
   return {
@@ -388,28 +408,18 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
-      let argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
-      const parent = deps.memory ? await deps.memory.cgroup() : null;
-      const cgroup = parent && deps.memory ? await createMemoryCgroup(parent, `build-${job.build_id}-${name}`, deps.memory.limitMb) : null;
-      if (cgroup) argv = inCgroup(cgroup, argv);
-      let oomKilled = false;
-      let run: { code: number | null; timedOut: boolean };
-      try {
-        run = await runCommand(argv, {
+      const argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
+      const run = await withMemoryLimit(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
+        runCommand(limited, {
           cwd: src,
           env: buildEnv(job, home),
           deadline,
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
           room: deps.logRoom,
-        });
-        oomKilled = cgroup !== null && (await oomKillCount(cgroup)) > 0;
-      } finally {
-        // Not waited for: a cgroup whose processes were just killed stays busy for a moment, and
-        // the build goes on meanwhile.
-        if (cgroup) void removeCgroup(cgroup).catch(() => undefined);
-      }
+        }),
+      );
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
-      if (run.code !== 0 && oomKilled) {
+      if (run.code !== 0 && run.oomKilled) {
         throw new BuildFailure(`The build command of service ${name} was killed for using more than ${deps.memory!.limitMb} MB of memory (the agent's AGENT_BUILD_MEMORY_MB).`);
       }
       if (run.code !== 0) throw new BuildFailure(`The build command of service ${name} exited with code ${run.code}.`);

@@ -13,7 +13,7 @@ import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "..
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
-import { probeMemoryCgroup } from "../src/runtime/process.ts";
+import { probeMemoryCgroup } from "../src/memory-cgroup.ts";
 
 // Build commands run as the agent runs them: sandboxed where this machine can.
 const sandbox = await probeSandbox();

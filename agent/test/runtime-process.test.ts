@@ -9,7 +9,8 @@ import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/pr
 import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { ProcessDriver, probeHttpClient, probeMemoryCgroup } from "../src/runtime/process.ts";
+import { ProcessDriver, probeHttpClient } from "../src/runtime/process.ts";
+import { probeMemoryCgroup } from "../src/memory-cgroup.ts";
 import { probeSandbox } from "../src/sandbox.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
 import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";

@@ -10,12 +10,13 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { constants, watch, type FSWatcher } from "node:fs";
-import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, rmdir, stat, truncate, writeFile } from "node:fs/promises";
+import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, stat, truncate, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 import { errorText } from "../error-text.ts";
 import { Sandbox } from "../sandbox.ts";
+import { createMemoryCgroup, inCgroup, oomKillCount, probeMemoryCgroup, removeCgroup, type MemoryCgroup } from "../memory-cgroup.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -197,163 +198,6 @@ async function lastLines(file: string, n: number): Promise<string[]> {
   }
 }
 
-
-export interface MemoryCgroup {
-  version: 1 | 2;
-  /** The agent's own cgroup in the memory hierarchy: replica cgroups are made under it. */
-  dir: string;
-}
-
-export type MemoryCgroupProbe = { ok: true; cgroup: MemoryCgroup } | { ok: false; reason: string };
-
-interface Mount {
-  root: string;
-  point: string;
-  fstype: string;
-  superOptions: string[];
-}
-
-const unescapeMount = (s: string) => s.replace(/\\(\d{3})/g, (_, oct: string) => String.fromCharCode(parseInt(oct, 8)));
-
-function parseMountinfo(text: string): Mount[] {
-  const mounts: Mount[] = [];
-  for (const line of text.split("\n")) {
-    const [pre, post] = line.split(" - ");
-    if (!pre || !post) continue;
-    const fields = pre.split(" ");
-    const [fstype = "", , superOptions = ""] = post.split(" ");
-    mounts.push({ root: unescapeMount(fields[3] ?? ""), point: unescapeMount(fields[4] ?? ""), fstype, superOptions: superOptions.split(",") });
-  }
-  return mounts;
-}
-
-/** Where a cgroup path of /proc/self/cgroup is in the file system, given the hierarchy's mount. */
-function cgroupDir(mount: Mount, cgroupPath: string): string | null {
-  if (mount.root === "/") return path.join(mount.point, cgroupPath);
-  if (cgroupPath === mount.root || cgroupPath.startsWith(`${mount.root}/`)) return path.join(mount.point, cgroupPath.slice(mount.root.length));
-  return null;
-}
-
-async function tryCgroup(cgroup: MemoryCgroup): Promise<string | null> {
-  if (cgroup.version === 2) {
-    const controllers = await readFile(path.join(cgroup.dir, "cgroup.controllers"), "utf8").catch(() => "");
-    if (!controllers.split(/\s+/).includes("memory")) return `cgroup v2: the memory controller is not available in ${cgroup.dir}`;
-    const subtree = await readFile(path.join(cgroup.dir, "cgroup.subtree_control"), "utf8").catch(() => "");
-    if (!subtree.split(/\s+/).includes("memory")) {
-      try {
-        await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), "+memory");
-      } catch (err) {
-        return `cgroup v2: cannot enable the memory controller for children of ${cgroup.dir} (${errorText(err)})`;
-      }
-    }
-  }
-  const probe = path.join(cgroup.dir, `platform-probe-${process.pid}`);
-  try {
-    await mkdir(probe);
-  } catch (err) {
-    return `cgroup v${cgroup.version}: cannot create a cgroup under ${cgroup.dir} (${errorText(err)})`;
-  }
-  try {
-    await writeFile(path.join(probe, cgroup.version === 2 ? "memory.max" : "memory.limit_in_bytes"), cgroup.version === 2 ? "max" : "-1");
-    return null;
-  } catch (err) {
-    return `cgroup v${cgroup.version}: cannot set a memory limit under ${cgroup.dir} (${errorText(err)})`;
-  } finally {
-    await rmdir(probe).catch(() => undefined);
-  }
-}
-
-/** Finds a memory cgroup hierarchy this process may create limited cgroups in; v2 first. */
-export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
-  let own: string;
-  let mounts: Mount[];
-  try {
-    own = await readFile("/proc/self/cgroup", "utf8");
-    mounts = parseMountinfo(await readFile("/proc/self/mountinfo", "utf8"));
-  } catch (err) {
-    return { ok: false, reason: `cgroups cannot be read here (${errorText(err)})` };
-  }
-  const memberships = own
-    .split("\n")
-    .filter(Boolean)
-    .map((line) => {
-      const first = line.indexOf(":");
-      const second = line.indexOf(":", first + 1);
-      return { controllers: line.slice(first + 1, second).split(","), path: line.slice(second + 1) };
-    });
-  const candidates: MemoryCgroup[] = [];
-  const v2 = memberships.find((m) => m.controllers.length === 1 && m.controllers[0] === "");
-  const v2Mount = mounts.find((m) => m.fstype === "cgroup2");
-  const v2Dir = v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
-  if (v2Dir) candidates.push({ version: 2, dir: v2Dir });
-  const v1 = memberships.find((m) => m.controllers.includes("memory"));
-  const v1Mount = mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes("memory"));
-  const v1Dir = v1 && v1Mount ? cgroupDir(v1Mount, v1.path) : null;
-  if (v1Dir) candidates.push({ version: 1, dir: v1Dir });
-  if (!candidates.length) return { ok: false, reason: "no memory cgroup hierarchy is mounted for this process" };
-  const reasons: string[] = [];
-  for (const cgroup of candidates) {
-    const reason = await tryCgroup(cgroup);
-    if (reason === null) return { ok: true, cgroup };
-    reasons.push(reason);
-  }
-  return { ok: false, reason: reasons.join("; ") };
-}
-
-/** A cgroup `platform-<name>` under `parent` holding its processes to `memoryMb` (swap included). */
-export async function createMemoryCgroup(parent: MemoryCgroup, name: string, memoryMb: number): Promise<string> {
-  const dir = path.join(parent.dir, `platform-${name}`);
-  await mkdir(dir).catch((err: NodeJS.ErrnoException) => {
-    if (err.code !== "EEXIST") throw err;
-  });
-  const bytes = String(memoryMb * 1024 * 1024);
-  // The limit covers swap too, so that reaching it ends in an OOM kill rather than in swapping.
-  if (parent.version === 2) {
-    await writeFile(path.join(dir, "memory.max"), bytes);
-    await writeFile(path.join(dir, "memory.swap.max"), "0").catch(() => undefined);
-  } else {
-    const memsw = path.join(dir, "memory.memsw.limit_in_bytes");
-    // v1 refuses a memory limit above the memory+swap one: raise that first when growing.
-    await writeFile(path.join(dir, "memory.limit_in_bytes"), bytes).catch(async () => {
-      await writeFile(memsw, bytes);
-      await writeFile(path.join(dir, "memory.limit_in_bytes"), bytes);
-    });
-    await writeFile(memsw, bytes).catch(() => undefined);
-  }
-  return dir;
-}
-
-/** `argv` run in `cgroup`: the shell joins it before it execs the rest, so the command never runs unlimited. */
-export function inCgroup(cgroup: string, argv: string[]): string[] {
-  return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
-}
-
-/** How many processes the kernel OOM-killed in the cgroup (v2 memory.events, v1 memory.oom_control). */
-export async function oomKillCount(dir: string): Promise<number> {
-  for (const file of ["memory.events", "memory.oom_control"]) {
-    const text = await readFile(path.join(dir, file), "utf8").catch(() => null);
-    const match = text?.match(/^oom_kill (\d+)$/m);
-    if (match) return Number(match[1]);
-  }
-  // Kernels before 4.13 have no oom_kill counter in v1: hitting the limit is the best sign left.
-  const failcnt = await readFile(path.join(dir, "memory.failcnt"), "utf8").catch(() => "0");
-  return Number(failcnt.trim()) || 0;
-}
-
-export async function removeCgroup(dir: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await rmdir(dir);
-      return;
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === "ENOENT") return;
-      // A process that has just been killed can hold the cgroup for a moment.
-      if (code !== "EBUSY" || attempt >= 20) throw err;
-      await sleep(100);
-    }
-  }
-}
 
 
 export class ProcessDriver implements RuntimeDriver {

@@ -77,10 +77,9 @@ function bearer(token: string): string {
   return `Bearer ${token}`;
 }
 
-/** Whether a request carries the fleet's internal token (compared in constant time). */
-function authorized(header: string | string[] | undefined, token: string): boolean {
+/** Whether a request's Authorization header is `wanted` (the bearer of the fleet's token), compared in constant time. */
+function authorized(header: string | string[] | undefined, wanted: Buffer): boolean {
   const given = Buffer.from(typeof header === "string" ? header : "");
-  const wanted = Buffer.from(bearer(token));
   return given.length === wanted.length && timingSafeEqual(given, wanted);
 }
 
@@ -112,6 +111,7 @@ const HTTP2_PREFACE = "PRI * HTTP/2.0";
  */
 export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer> {
   const unaryRoutes = new Map<string, UnaryRoute>();
+  const wantedAuthorization = opts.token ? Buffer.from(bearer(opts.token)) : null;
   const rpcHandler = connectNodeAdapter({
     routes: (router) => opts.routes(recordingRouter(router, unaryRoutes)),
     interceptors: [serverInterceptor(opts.logger)],
@@ -132,7 +132,7 @@ export async function startRpcServer(opts: RpcServerOptions): Promise<RpcServer>
       );
       return;
     }
-    if (opts.token && !authorized(req.headers.authorization, opts.token)) {
+    if (wantedAuthorization && !authorized(req.headers.authorization, wantedAuthorization)) {
       // Connect's error shape, which the fleet's clients read as ConnectError Unauthenticated.
       (res as http.ServerResponse).writeHead(401, { "content-type": "application/json" });
       (res as http.ServerResponse).end(JSON.stringify({ code: "unauthenticated", message: "This call lacks the fleet's internal token (PLATFORM_INTERNAL_TOKEN)." }));
