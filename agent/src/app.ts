@@ -22,6 +22,7 @@ import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
+import { controlPlaneAddresses, fenceTable, installTenantFence } from "./tenant-fence.ts";
 import { probeMemoryCgroup } from "./memory-cgroup.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
@@ -57,6 +58,17 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     ...[config.AGENT_WORK_DIR, config.AGENT_IMAGE_DIR, config.AGENT_RUN_DIR, ".data"].map((p) => resolvePath(p)),
     ...hostSecrets({ home: os.homedir(), pathDirs: (process.env.PATH ?? "").split(":"), execPath: process.execPath, dockerSocket: config.AGENT_DOCKER_SOCKET }),
   ];
+  // Tenant code runs as the tenant user, fenced off the host's own services, before any of it starts.
+  const runAs = config.AGENT_TENANT_UID > 0 ? { uid: config.AGENT_TENANT_UID, gid: config.AGENT_TENANT_UID } : null;
+  if (runAs) {
+    const deniedNets = [
+      ...(config.AGENT_TENANT_DENIED_NETS ? config.AGENT_TENANT_DENIED_NETS.split(",") : []),
+      ...(await controlPlaneAddresses([config.NATS_URL, config.DEPLOY_QUEUE_URL, config.APPS_BUILDS_URL])),
+    ];
+    const fence = await installTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets });
+    if (fence.ok) logger.info({ uid: runAs.uid, table: fenceTable(runAs.uid), deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
+    else logger.warn({ uid: runAs.uid, reason: fence.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
+  }
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
   let beatOnChange: (() => void) | null = null;
@@ -69,6 +81,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     routerAdminUrl: config.AGENT_ROUTER_ADMIN_URL,
     routerPort: config.PLATFORM_ROUTER_PORT,
     hide: hidden,
+    runAs,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     bus,
@@ -130,7 +143,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
       publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
       releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
-      sandbox: new Sandbox({ hide: hidden, logger, what: "build commands" }),
+      sandbox: new Sandbox({ hide: hidden, runAs, logger, what: "build commands" }),
       memory: { limitMb: config.AGENT_BUILD_MEMORY_MB, cgroup: () => buildMemory },
     },
     deployer: runtime.deployer,

@@ -7,7 +7,7 @@
  */
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
@@ -402,6 +402,12 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
 
     const home = path.join(workspace, "home");
     await mkdir(home, { recursive: true });
+    // Build commands run as the tenant user: they write the checkout and their home, and reach
+    // both through the workspace (made for root alone).
+    if (deps.sandbox) {
+      await chmod(workspace, 0o711);
+      await deps.sandbox.handOver([src, home]);
+    }
     for (const [name, service] of Object.entries(config.services ?? {})) {
       if (!service.build) continue;
       await enter(`build:${name}`);

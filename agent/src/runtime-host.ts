@@ -19,6 +19,7 @@ import { CaddyRouter } from "./router.ts";
 import { DockerDriver } from "./runtime/docker.ts";
 import { ProcessDriver } from "./runtime/process.ts";
 import type { RuntimeDriver } from "./runtime/types.ts";
+import type { TenantUser } from "./sandbox.ts";
 import { Supervisor } from "./supervisor.ts";
 import { untilAnswered } from "./until-answered.ts";
 
@@ -32,6 +33,8 @@ export interface RuntimeHostOptions {
   routerPort: number;
   /** What a sandboxed replica must not see: the agent's other files and the platform's secrets. */
   hide: string[];
+  /** The user sandboxed replicas run as (AGENT_TENANT_UID); null: the agent's own. */
+  runAs: TenantUser | null;
   healthTimeoutMs: number;
   /** How often the routing table Caddy holds is checked for drift from this host's record; ROUTER_CHECK_MS unless set. */
   routerCheckMs?: number;
@@ -64,7 +67,7 @@ export interface RuntimeHost {
 export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHost> {
   const runDir = path.resolve(o.runDir);
   const driver: RuntimeDriver =
-    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, logger: o.logger });
+    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, logger: o.logger });
   const state = new HostState(runDir);
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });

@@ -4,21 +4,44 @@
  * a private tmpfs, the agent's own files and the host's secrets (hostSecrets) are hidden, and only
  * the paths the code must write are bound writable. The process sees its own pid
  * namespace (no signal reaches the agent or another tenant's process) and no capability: the agent
- * may run as root, and root with CAP_SYS_ADMIN could remount the read-only root writable. The
- * network stays shared: a replica listens on 127.0.0.1 for Caddy, a build fetches its packages.
+ * may run as root, and root with CAP_SYS_ADMIN could remount the read-only root writable.
+ *
+ * Tenant code runs as the tenant user (AGENT_TENANT_UID), not as the agent's: bubblewrap sets the
+ * sandbox up as root, then `setpriv` drops to the tenant user, with no new privileges (a setuid
+ * binary cannot lift it back). The host's files only root may read stay unread, what the code
+ * must write is handed over to the tenant user (handOver), and the tenant fence (tenant-fence.ts)
+ * can tell its connections from everyone else's. The network stays shared: a replica listens on
+ * its PORT for Caddy, a build fetches its packages.
  *
  * Whether the host can sandbox is probed at run time; without bubblewrap (or the namespaces it
- * needs) tenant code runs unsandboxed and the agent says so in its log.
+ * needs) tenant code runs unsandboxed, and without setpriv as the agent's user; the agent says so
+ * in its log.
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
-import { access, realpath, stat } from "node:fs/promises";
+import { access, lstat, realpath, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 
 const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
 
-export type SandboxProbe = { ok: true; bwrap: string } | { ok: false; reason: string };
+/** The unprivileged user tenant code runs as. */
+export interface TenantUser {
+  uid: number;
+  gid: number;
+}
+
+/** How a sandboxed command becomes the tenant user. */
+export interface SandboxUser {
+  setpriv: string;
+  runAs: TenantUser;
+}
+
+/**
+ * `user`: how commands become the tenant user, null when they run as the agent's own (with
+ * `userProblem` saying why, when the tenant user was asked for).
+ */
+export type SandboxProbe = { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string } | { ok: false; reason: string };
 
 async function findOnPath(name: string): Promise<string | null> {
   for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
@@ -29,23 +52,42 @@ async function findOnPath(name: string): Promise<string | null> {
   return null;
 }
 
-/** Whether bubblewrap is installed and can create the namespaces a sandbox needs. */
-export async function probeSandbox(): Promise<SandboxProbe> {
-  const bwrap = await findOnPath("bwrap");
-  if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
-  const args = sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }).concat("--", "true");
+/** Runs `bwrap args`; null when it exited 0, else what went wrong. */
+function tryBwrap(bwrap: string, args: string[]): Promise<string | null> {
   return new Promise((resolve) => {
     const child = spawn(bwrap, args, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
     let stderr = "";
     child.stderr.on("data", (chunk: Buffer) => {
       if (stderr.length < 2000) stderr += chunk.toString("utf8");
     });
-    child.once("error", (err) => resolve({ ok: false, reason: `bwrap could not be run: ${err.message}` }));
-    child.once("close", (code, signal) => {
-      if (code === 0) resolve({ ok: true, bwrap });
-      else resolve({ ok: false, reason: `bwrap failed here (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}` });
-    });
+    child.once("error", (err) => resolve(`bwrap could not be run: ${err.message}`));
+    child.once("close", (code, signal) => resolve(code === 0 ? null : `bwrap failed here (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}`));
   });
+}
+
+/**
+ * Whether bubblewrap is installed and can create the namespaces a sandbox needs, and whether the
+ * command in it can become `runAs`.
+ */
+export async function probeSandbox(runAs: TenantUser | null = null): Promise<SandboxProbe> {
+  const bwrap = await findOnPath("bwrap");
+  if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
+  const probe = (user: SandboxUser | null) =>
+    tryBwrap(bwrap, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user), "--", ...asUser(user), "true"]);
+  const failed = await probe(null);
+  if (failed) return { ok: false, reason: failed };
+  if (!runAs) return { ok: true, bwrap, user: null };
+  const setpriv = await findOnPath("setpriv");
+  if (!setpriv) return { ok: true, bwrap, user: null, userProblem: "setpriv (util-linux) is not on PATH" };
+  const dropped = await probe({ setpriv, runAs });
+  if (dropped) return { ok: true, bwrap, user: null, userProblem: dropped };
+  return { ok: true, bwrap, user: { setpriv, runAs } };
+}
+
+/** The prefix that makes a command run as the tenant user, with no way back to the agent's. */
+function asUser(user: SandboxUser | null): string[] {
+  if (!user) return [];
+  return [user.setpriv, `--reuid=${user.runAs.uid}`, `--regid=${user.runAs.gid}`, "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--"];
 }
 
 export interface SandboxedCommand {
@@ -76,7 +118,7 @@ export interface Hidden {
  * process group, which must still reach it, and the group's session (made by `detached`) has no
  * terminal that --new-session would protect.
  */
-export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden): string[] {
+export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs: TenantUser } | null = null): string[] {
   return [
     "--ro-bind", "/", "/",
     "--dev", "/dev",
@@ -84,17 +126,37 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden): string[] {
     // The new /proc is the host kernel's: without a user namespace, uid 0 could write its settings.
     "--ro-bind", "/proc/sys", "/proc/sys",
     // Before the binds: a writable path may lie under /tmp or a hidden path, and must show through.
-    "--tmpfs", "/tmp",
+    // Everyone's, as a host's /tmp is: the tenant user writes there too.
+    "--perms", "1777", "--tmpfs", "/tmp",
     ...hidden.dirs.flatMap((p) => ["--tmpfs", p]),
     ...hidden.files.flatMap((p) => ["--ro-bind", "/dev/null", p]),
+    ...openParents([...hidden.readable, ...cmd.writable], ["/tmp", ...hidden.dirs]).flatMap((p) => ["--perms", "0755", "--dir", p]),
     ...hidden.readable.flatMap((p) => ["--ro-bind", p, p]),
     ...cmd.writable.flatMap((p) => ["--bind", p, p]),
     "--unshare-pid",
     "--unshare-ipc",
     ...(cmd.dieWithParent ? ["--die-with-parent"] : []),
     "--cap-drop", "ALL",
+    // Only for setpriv's drop to the tenant user, which ends every capability.
+    ...(user ? ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] : []),
     "--chdir", cmd.chdir,
   ];
+}
+
+/**
+ * The directories above `paths` that lie within the sandbox's own tmpfs mounts (`covered`), which
+ * bubblewrap would make for the binds as root's alone: made beforehand, open to everyone, so the
+ * tenant user can walk down to what is bound for it.
+ */
+function openParents(paths: string[], covered: string[]): string[] {
+  const within = (p: string, q: string) => p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
+  const parents = new Set<string>();
+  for (const p of paths) {
+    for (let dir = path.dirname(p); dir !== path.dirname(dir); dir = path.dirname(dir)) {
+      if (covered.some((c) => within(dir, c))) parents.add(dir);
+    }
+  }
+  return [...parents].sort((a, b) => a.split(path.sep).length - b.split(path.sep).length || a.localeCompare(b));
 }
 
 /**
@@ -135,6 +197,14 @@ export interface SandboxOptions {
   logger?: Logger;
   /** What runs in it, for the agent's log: "replicas", "build commands". */
   what: string;
+  /** The user sandboxed commands run as; null or absent: the agent's own. */
+  runAs?: TenantUser | null;
+}
+
+/** A host's sandbox as probed: the bwrap to run, and the tenant user when commands drop to it. */
+interface SandboxHost {
+  bwrap: string;
+  user: SandboxUser | null;
 }
 
 /** One host's sandbox for one kind of tenant code: probed once, then wraps each command. */
@@ -143,42 +213,78 @@ export class Sandbox {
   readonly #mode: "auto" | "off";
   readonly #logger: Logger | undefined;
   readonly #what: string;
-  #bwrap: Promise<string | null> | null = null;
+  readonly #runAs: TenantUser | null;
+  #host: Promise<SandboxHost | null> | null = null;
 
   constructor(opts: SandboxOptions) {
     this.#hide = opts.hide.map((p) => path.resolve(p));
     this.#mode = opts.mode ?? "auto";
     this.#logger = opts.logger;
     this.#what = opts.what;
+    this.#runAs = opts.runAs ?? null;
   }
 
-  /** The bwrap binary, or null when commands run unsandboxed here. */
-  ready(): Promise<string | null> {
+  /** The host's sandbox, or null when commands run unsandboxed here. */
+  ready(): Promise<SandboxHost | null> {
     if (this.#mode === "off") return Promise.resolve(null);
-    this.#bwrap ??= probeSandbox().then((probe) => {
-      if (probe.ok) {
-        this.#logger?.info({ bwrap: probe.bwrap }, `${this.#what} run sandboxed with bubblewrap`);
-        return probe.bwrap;
+    this.#host ??= probeSandbox(this.#runAs).then((probe) => {
+      if (!probe.ok) {
+        this.#logger?.warn({ reason: probe.reason }, `${this.#what} run without a sandbox`);
+        return null;
       }
-      this.#logger?.warn({ reason: probe.reason }, `${this.#what} run without a sandbox`);
-      return null;
+      const { bwrap, user } = probe;
+      if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
+      else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
+      else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
+      return { bwrap, user };
     });
-    return this.#bwrap;
+    return this.#host;
+  }
+
+  /** The user sandboxed commands run as here; null: the agent's own. */
+  async runsAs(): Promise<TenantUser | null> {
+    return (await this.ready())?.user?.runAs ?? null;
   }
 
   /** `argv` as run on this host: inside the sandbox when there is one. */
   async wrap(argv: string[], cmd: SandboxedCommand): Promise<{ argv: string[]; sandboxed: boolean }> {
-    const bwrap = await this.ready();
-    if (!bwrap) return { argv, sandboxed: false };
-    return { argv: [bwrap, ...sandboxArgs(cmd, await this.#hidden()), "--", ...argv], sandboxed: true };
+    const host = await this.ready();
+    if (!host) return { argv, sandboxed: false };
+    const hidden = await this.#hidden(cmd.writable, host.user !== null);
+    return { argv: [host.bwrap, ...sandboxArgs(cmd, hidden, host.user), "--", ...asUser(host.user), ...argv], sandboxed: true };
+  }
+
+  /**
+   * Makes `paths` (whole trees) the tenant user's, when commands run as it: what the command must
+   * write (a checkout, a release, a home). A tree whose top the tenant user owns already was handed
+   * over before. Links are changed themselves, never followed, so a tree cannot hand over a file
+   * of the host's. A no-op when commands run as the agent's user.
+   */
+  async handOver(paths: string[]): Promise<void> {
+    const runAs = await this.runsAs();
+    if (!runAs) return;
+    const owned = await Promise.all(paths.map(async (p) => (await lstat(p)).uid === runAs.uid));
+    const trees = paths.filter((_, i) => !owned[i]);
+    if (trees.length === 0) return;
+    await new Promise<void>((resolve, reject) => {
+      const child = spawn("chown", ["-R", "-h", "-P", `${runAs.uid}:${runAs.gid}`, "--", ...trees], { stdio: ["ignore", "ignore", "pipe"] });
+      let stderr = "";
+      child.stderr.on("data", (chunk: Buffer) => {
+        if (stderr.length < 2000) stderr += chunk.toString("utf8");
+      });
+      child.once("error", reject);
+      child.once("close", (code) => (code === 0 ? resolve() : reject(new Error(`chown failed (exit code ${code}): ${stderr.trim()}`))));
+    });
   }
 
   /**
    * The hidden paths that exist, by their real path (a link is not a mount point), directories
    * outermost only: a path inside another is hidden with it, and a sandbox cannot create a mount
-   * point on the read-only root.
+   * point on the read-only root. For the tenant user, a directory only root may enter on the way
+   * to what it must reach (`reach`: its writable paths, and what must stay readable) is hidden
+   * too: the tenant user could not walk through it, and what it holds is private to root anyway.
    */
-  async #hidden(): Promise<Hidden> {
+  async #hidden(reach: string[], asTenant: boolean): Promise<Hidden> {
     const found = new Map<string, boolean>();
     for (const p of this.#hide) {
       const real = await realpath(p).catch(() => null);
@@ -186,19 +292,32 @@ export class Sandbox {
       const st = await stat(real).catch(() => null);
       if (st) found.set(real, st.isDirectory());
     }
+    const candidates: string[] = [];
+    for (const p of mustStayReadable()) {
+      const real = await realpath(p).catch(() => null);
+      if (real && (await stat(real).catch(() => null))) candidates.push(real);
+    }
+    if (asTenant) for (const dir of await closedParents([...candidates, ...reach])) found.set(dir, true);
     const dirs = [...found].filter(([, dir]) => dir).map(([p]) => p);
     const within = (p: string, q: string) => p !== q && p.startsWith(q.endsWith(path.sep) ? q : `${q}${path.sep}`);
     const inside = (p: string) => dirs.some((q) => within(p, q));
-    const readable: string[] = [];
-    for (const p of mustStayReadable()) {
-      const real = await realpath(p).catch(() => null);
-      // The sandbox's own /tmp covers the host's too.
-      if (real && (inside(real) || within(real, "/tmp")) && (await stat(real).catch(() => null))) readable.push(real);
-    }
     return {
       dirs: dirs.filter((p) => !inside(p)).sort(),
       files: [...found].filter(([p, dir]) => !dir && !inside(p)).map(([p]) => p).sort(),
-      readable,
+      // The sandbox's own /tmp covers the host's too.
+      readable: candidates.filter((p) => inside(p) || within(p, "/tmp")),
     };
   }
+}
+
+/** The directories above `paths` that others may not enter (no execute bit for them). */
+async function closedParents(paths: string[]): Promise<string[]> {
+  const closed = new Set<string>();
+  for (const p of paths) {
+    for (let dir = path.dirname(path.resolve(p)); dir !== path.dirname(dir); dir = path.dirname(dir)) {
+      const st = await stat(dir).catch(() => null);
+      if (st && (st.mode & 0o001) === 0) closed.add(dir);
+    }
+  }
+  return [...closed];
 }

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/fixtures/git.ts";
@@ -15,8 +15,9 @@ import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
 import { probeMemoryCgroup } from "../src/memory-cgroup.ts";
 
-// Build commands run as the agent runs them: sandboxed where this machine can.
-const sandbox = await probeSandbox();
+// Build commands run as the agent runs them: sandboxed where this machine can, as the tenant user.
+const TENANT = { uid: 61000, gid: 61000 };
+const sandbox = await probeSandbox(TENANT);
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 const memoryCgroup = await probeMemoryCgroup();
 
@@ -44,7 +45,7 @@ const deps = (): BuildDeps => ({
   phase: async () => false,
   publishImage: async (app, tag) => void published.push(`${app}:${tag}`),
   releaseDir: (job) => releaseDir(path.join(dir, "run"), job.group_slug, job.app_name, job.branch, job.tag),
-  sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), path.join(dir, "run")], what: "build commands" }),
+  sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), path.join(dir, "run")], runAs: TENANT, what: "build commands" }),
 });
 
 const job = (tag: string, autoDeploy: boolean): BuildJob => ({
@@ -153,8 +154,9 @@ it("ends a build command when its process exits, though a daemon it started hold
 });
 
 it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its checkout, HOME and a private /tmp, and sees neither the agent's files nor its processes${noSandbox}`, async () => {
-  // Outside /tmp, which the sandbox replaces with its own tmpfs anyway.
+  // Outside /tmp, which the sandbox replaces with its own tmpfs anyway; open to everyone, as a host's directories mostly are.
   const outside = await mkdtemp("/var/tmp/agent-builder-outside-");
+  await chmod(outside, 0o755);
   const secrets = path.join(outside, "secrets");
   await mkdir(secrets);
   await writeFile(path.join(secrets, "root-key"), "sk-root");
@@ -171,6 +173,7 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
       agent: attempt(() => process.kill(${process.pid}, 0)),
       processes: fs.readdirSync("/proc").filter((p) => /^[0-9]+$/.test(p)).length,
       node: process.execPath,
+      uid: process.getuid(),
     }));
   `;
   const fixture = await makeFixtureRepo("node-web", { files: { "probe.cjs": probe, "platform.yaml": webConfigBuiltBy("node probe.cjs") } });
@@ -179,11 +182,11 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
     await mkdir(path.join(dir, "images", "seen"), { recursive: true });
     const lines: string[] = [];
     const d = deps();
-    const outcome = await runBuild({ ...job("main-0000000a", true), repository: fixture.url }, { ...d, sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), secrets], what: "build commands" }), log: (l) => void lines.push(l.message) });
+    const outcome = await runBuild({ ...job("main-0000000a", true), repository: fixture.url }, { ...d, sandbox: new Sandbox({ hide: [path.join(dir, "work"), path.join(dir, "images"), secrets], runAs: TENANT, what: "build commands" }), log: (l) => void lines.push(l.message) });
     expect(outcome, lines.join("\n")).toMatchObject({ status: "completed", error_message: "" });
     const seen = JSON.parse(lines.find((l) => l.startsWith("PROBE "))!.slice("PROBE ".length));
     // The node the agent runs on, wherever it lies (a checkout under /tmp, say): first on the PATH, and readable.
-    expect(seen).toMatchObject({ checkout: "ok", home: "ok", tmp: "ok", host: "EROFS", secret: "ENOENT", agent: "ESRCH", node: process.execPath });
+    expect(seen).toMatchObject({ checkout: "ok", home: "ok", tmp: "ok", host: expect.stringMatching(/^(EROFS|EACCES)$/), secret: "ENOENT", agent: "ESRCH", node: process.execPath, uid: TENANT.uid });
     expect(seen.images).not.toBe("ok");
     // Its own pid namespace: the shell, node and the sandbox's init, not the host's processes.
     expect(seen.processes).toBeLessThan(6);

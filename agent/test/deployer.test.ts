@@ -68,7 +68,8 @@ beforeAll(async () => {
   const [adminPort, httpPort] = ports;
   caddy = await startCaddy({ adminPort, httpPort, dataDir: path.join(dir, "caddy"), log: () => undefined });
   const runDir = path.join(dir, "run");
-  driver = new ProcessDriver({ runDir, logger });
+  // As the agent runs replicas: sandboxed (where this machine can) as the tenant user.
+  driver = new ProcessDriver({ runDir, logger, runAs: { uid: 61000, gid: 61000 } });
   supervisor = new Supervisor({ driver, onEvent: () => undefined, logger });
   state = new HostState(runDir);
   await state.load();

@@ -48,6 +48,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     routerAdminUrl: caddy.adminUrl,
     routerPort: caddy.httpPort,
     hide: [],
+    runAs: { uid: 61000, gid: 61000 },
     healthTimeoutMs: 10_000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),
     bus,

@@ -55,8 +55,11 @@ afterEach(async () => {
   await cleaner.close();
 });
 
+/** Replicas run as the agent runs them: sandboxed (where this machine can) as the tenant user. */
+const TENANT = { uid: 61000, gid: 61000 };
+
 function newDriver(opts: { sandbox?: "auto" | "off" } = {}): ProcessDriver {
-  const driver = new ProcessDriver({ runDir, ...opts });
+  const driver = new ProcessDriver({ runDir, runAs: TENANT, ...opts });
   drivers.push(driver);
   return driver;
 }
@@ -415,13 +418,14 @@ describe("ProcessDriver limits", () => {
         home: attempt(process.env.HOME + "/home-file"),
         tmp: attempt("/tmp/platform-sandbox-probe"),
         outside: attempt(${JSON.stringify(escape)}),
+        uid: process.getuid(),
       };
       http.createServer((req, res) => res.end(JSON.stringify(result))).listen(Number(process.env.PORT), "127.0.0.1");
     `;
     const spec = makeSpec(nodeCommand(script), { port, env: { PORT: String(port) } });
     await driver.start(spec);
     const result = JSON.parse(await get(port)) as Record<string, string>;
-    expect(result).toMatchObject({ usr: "EROFS", release: "ok", home: "ok", tmp: "ok" });
+    expect(result).toMatchObject({ usr: expect.stringMatching(/^(EROFS|EACCES)$/), release: "ok", home: "ok", tmp: "ok", uid: TENANT.uid });
     expect(existsSync("/usr/platform-sandbox-probe")).toBe(false);
     expect(existsSync("/tmp/platform-sandbox-probe")).toBe(false);
     // Under /tmp the write lands in the sandbox's own tmpfs, elsewhere it is refused: never on the host.
@@ -439,7 +443,7 @@ describe("ProcessDriver limits", () => {
     await mkdir(ownRunDir, { recursive: true });
     await writeFile(path.join(secrets, "root-key"), "pf_k1_secret");
     await writeFile(path.join(ownRunDir, "state.json.probe"), "another app's state");
-    const driver = new ProcessDriver({ runDir: ownRunDir, hide: [secrets] });
+    const driver = new ProcessDriver({ runDir: ownRunDir, hide: [secrets], runAs: TENANT });
     drivers.push(driver);
     const port = await freePort();
     const script = `

@@ -3,7 +3,7 @@
  * Skipped, and saying why, where bubblewrap cannot run.
  */
 import { execFile } from "node:child_process";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { chmod, lstat, mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import { promisify } from "node:util";
@@ -38,16 +38,25 @@ describe("hostSecrets", () => {
   });
 });
 
+const TENANT = { uid: 61000, gid: 61000 };
+
 describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, () => {
   let dir: string;
   let server: net.Server;
   beforeAll(async () => {
-    // Outside /tmp, which the sandbox replaces with its own tmpfs anyway.
+    // Outside /tmp, which the sandbox replaces with its own tmpfs anyway; open to everyone, as a
+    // host's directories mostly are.
     dir = await mkdtemp("/var/tmp/agent-sandbox-test-");
+    await chmod(dir, 0o755);
     await mkdir(path.join(dir, "secrets"));
     await writeFile(path.join(dir, "secrets", "key"), "sk-in-a-dir");
     await writeFile(path.join(dir, "token"), "sk-in-a-file");
     await writeFile(path.join(dir, "visible"), "shown");
+    await writeFile(path.join(dir, "root-only"), "for root's eyes", { mode: 0o600 });
+    await mkdir(path.join(dir, "tree", "sub"), { recursive: true });
+    await writeFile(path.join(dir, "tree", "sub", "file"), "x");
+    await writeFile(path.join(dir, "outside"), "a file of the host's");
+    await symlink(path.join(dir, "outside"), path.join(dir, "tree", "link"));
     server = net.createServer((s) => s.end("hello from the host's socket\n"));
     await new Promise<void>((resolve) => server.listen(path.join(dir, "daemon.sock"), resolve));
   });
@@ -56,12 +65,15 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 
-  async function run(script: string): Promise<Record<string, string>> {
-    const box = new Sandbox({
+  const box = () =>
+    new Sandbox({
       what: "tests",
+      runAs: TENANT,
       hide: [path.join(dir, "secrets"), path.join(dir, "token"), path.join(dir, "daemon.sock"), path.join(dir, "missing"), "/run"],
     });
-    const { argv, sandboxed } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+
+  async function run(script: string, writable: string[] = []): Promise<Record<string, string>> {
+    const { argv, sandboxed } = await box().wrap([process.execPath, "-e", script], { writable, chdir: "/", dieWithParent: true });
     expect(sandboxed).toBe(true);
     const { stdout } = await promisify(execFile)(argv[0]!, argv.slice(1));
     return JSON.parse(stdout) as Record<string, string>;
@@ -76,7 +88,15 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         const s = net.connect(p, () => { s.destroy(); resolve("connected"); });
         s.on("error", (e) => resolve(e.code));
       });
+      const status = fs.readFileSync("/proc/self/status", "utf8");
       connect(${JSON.stringify(path.join(dir, "daemon.sock"))}).then((socket) => console.log(JSON.stringify({
+        uid: process.getuid(),
+        gid: process.getgid(),
+        groups: process.getgroups().join(","),
+        capabilities: /^CapEff:\\s*(\\w+)$/m.exec(status)[1],
+        noNewPrivileges: /^NoNewPrivs:\\s*(\\d)$/m.exec(status)[1],
+        rootOnly: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "root-only"))}, "utf8")),
+        tmp: attempt(() => { fs.writeFileSync("/tmp/scratch", "ok"); return fs.readFileSync("/tmp/scratch", "utf8"); }),
         dir: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "secrets"))}).join(",")),
         file: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "token"))}, "utf8")),
         visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
@@ -87,8 +107,43 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         socket,
       })));
     `);
-    expect(seen).toEqual({ dir: "", file: "EACCES", visible: "shown", run: expect.not.stringMatching(/postgresql|docker/), resolv: "true", sysctl: "EROFS", socket: expect.stringMatching(/^(EACCES|ECONNREFUSED)$/) });
+    expect(seen).toEqual({
+      uid: TENANT.uid,
+      gid: TENANT.gid,
+      groups: String(TENANT.gid),
+      capabilities: "0000000000000000",
+      noNewPrivileges: "1",
+      rootOnly: "EACCES",
+      tmp: "ok",
+      dir: "",
+      file: "EACCES",
+      visible: "shown",
+      run: expect.not.stringMatching(/postgresql|docker/),
+      resolv: "true",
+      sysctl: expect.stringMatching(/^(EROFS|EACCES)$/),
+      socket: expect.stringMatching(/^(EACCES|ECONNREFUSED)$/),
+    });
     // The host's own view is untouched.
     expect(await new Promise((resolve) => net.connect(path.join(dir, "daemon.sock")).on("data", (d) => resolve(String(d))))).toBe("hello from the host's socket\n");
+  });
+
+  it("hands a tree over to the tenant user, who then writes it; a link is handed over, never what it points to", async () => {
+    const tree = path.join(dir, "tree");
+    const before = await run(`
+      const fs = require("node:fs");
+      try { fs.writeFileSync(${JSON.stringify(path.join(tree, "sub", "new"))}, "y"); console.log(JSON.stringify({ write: "ok" })); }
+      catch (e) { console.log(JSON.stringify({ write: e.code })); }
+    `, [tree]);
+    expect(before).toEqual({ write: "EACCES" });
+    await box().handOver([tree]);
+    for (const p of ["tree", "tree/sub", "tree/sub/file", "tree/link"]) expect((await lstat(path.join(dir, p))).uid, p).toBe(TENANT.uid);
+    expect((await stat(path.join(dir, "outside"))).uid).toBe(0);
+    const after = await run(`
+      const fs = require("node:fs");
+      fs.writeFileSync(${JSON.stringify(path.join(tree, "sub", "new"))}, "y");
+      console.log(JSON.stringify({ write: "ok" }));
+    `, [tree]);
+    expect(after).toEqual({ write: "ok" });
+    expect(await readFile(path.join(tree, "sub", "new"), "utf8")).toBe("y");
   });
 });

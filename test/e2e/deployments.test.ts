@@ -614,3 +614,39 @@ describe("another group's ids are not found", () => {
     expect((await call(api, "GET", `/builds/id/${id}/logs`, { credential: acme })).status).toBe(404);
   });
 });
+
+describe("tenant code", () => {
+  it("runs as the tenant user, and reaches none of the platform's own services on the host but the router", async () => {
+    const reach = `
+  if (path === "/reach") {
+    // Connects to each host:port the query names and says how each attempt ended.
+    const targets = Object.entries(Object.fromEntries(new URL(req.url, "http://app").searchParams));
+    import("node:net").then(({ default: net }) => Promise.all(targets.map(([name, to]) => new Promise((resolve) => {
+      const at = to.lastIndexOf(":");
+      const s = net.connect({ host: to.slice(0, at), port: Number(to.slice(at + 1)), timeout: 3000 }, () => { s.destroy(); resolve([name, "connected"]); });
+      s.on("timeout", () => { s.destroy(); resolve([name, "timeout"]); });
+      s.on("error", (e) => resolve([name, e.code]));
+    })))).then((seen) => {
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify({ uid: process.getuid(), ...Object.fromEntries(seen) }));
+    });
+    return;
+  }
+  if (path === "/crash") {`;
+    await web.commit("reach", { "server.js": serverJs.replace('  if (path === "/crash") {', reach) });
+    const deployed = await buildAndDeploy();
+    expect(deployed.deploy.status).toBe("completed");
+    const hostPort = (url: string) => `${new URL(url).hostname}:${new URL(url).port}`;
+    const targets = {
+      postgres: hostPort(fleet.databaseUrl.replace(/^postgres(ql)?:/, "http:")),
+      nats: hostPort(fleet.natsUrl.replace(/^nats:/, "http:")),
+      deployQueue: hostPort(fleet.env.DEPLOY_QUEUE_URL!),
+      api: hostPort(fleet.api),
+      router: `127.0.0.1:${fleet.routerPort}`,
+    };
+    const url = (await waitFor(getApp, (a) => a.running_version === deployed.tag)).urls[0] as string;
+    const res = await viaRouter(`${url}/reach?${new URLSearchParams(targets)}`);
+    expect(res.status).toBe(200);
+    expect(JSON.parse(res.body)).toEqual({ uid: 61000, postgres: "ECONNREFUSED", nats: "ECONNREFUSED", deployQueue: "ECONNREFUSED", api: "ECONNREFUSED", router: "connected" });
+  });
+});

@@ -15,7 +15,7 @@ import path from "node:path";
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 import { errorText } from "../error-text.ts";
-import { Sandbox } from "../sandbox.ts";
+import { Sandbox, type TenantUser } from "../sandbox.ts";
 import { createMemoryCgroup, inCgroup, oomKillCount, probeMemoryCgroup, removeCgroup, type MemoryCgroup } from "../memory-cgroup.ts";
 
 export interface ProcessDriverOptions {
@@ -28,6 +28,8 @@ export interface ProcessDriverOptions {
   hide?: string[];
   logger?: Logger;
   sandbox?: "auto" | "off";
+  /** The user sandboxed replicas run as (AGENT_TENANT_UID); absent: the agent's own. */
+  runAs?: TenantUser | null;
   memoryLimits?: "auto" | "off";
 }
 
@@ -217,7 +219,7 @@ export class ProcessDriver implements RuntimeDriver {
   constructor(opts: ProcessDriverOptions) {
     this.#runDir = path.resolve(opts.runDir);
     this.#logger = opts.logger;
-    this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, logger: opts.logger, what: "replicas" });
+    this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, runAs: opts.runAs, logger: opts.logger, what: "replicas" });
     this.#memoryMode = opts.memoryLimits ?? "auto";
   }
 
@@ -233,6 +235,8 @@ export class ProcessDriver implements RuntimeDriver {
     const home = path.join(dir, "home");
     const releaseDir = path.resolve(spec.releaseDir);
     await mkdir(home, { recursive: true });
+    // The release is written by its replicas (as on a host of one's own), and the home is theirs.
+    await this.#sandbox.handOver([releaseDir, home]);
     const memory = spec.memoryMb ? await this.#memoryReady() : null;
 
     let cgroup: string | null = null;

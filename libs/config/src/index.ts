@@ -3,6 +3,7 @@
  * `loadConfig` validates them once at start. A bad or missing variable fails with one line
  * that names it, so an operator never has to read a stack trace to fix a deployment.
  */
+import { isIP } from "node:net";
 
 export const SERVICES = [
   "identity",
@@ -40,7 +41,7 @@ export function serviceSchema(name: ServiceName): string {
   return name.replaceAll("-", "_");
 }
 
-type VarType = "string" | "url" | "admin-url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum";
+type VarType = "string" | "url" | "admin-url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum" | "cidr-list";
 
 export interface VarSpec {
   type: VarType;
@@ -102,6 +103,8 @@ function parseValue(name: string, spec: VarSpec, raw: string): string | number |
       }
       return n;
     }
+    case "cidr-list":
+      return parseCidrList(name, raw).join(",");
     case "url":
     case "admin-url":
     case "postgres-url":
@@ -126,6 +129,23 @@ function parseValue(name: string, spec: VarSpec, raw: string): string | number |
       return raw;
     }
   }
+}
+
+/** `10.0.0.0/8, 192.0.2.7, fd00::/8`: each an IPv4 or IPv6 address with an optional prefix length. */
+function parseCidrList(name: string, raw: string): string[] {
+  return raw
+    .split(",")
+    .map((p) => p.trim())
+    .filter((p) => p !== "")
+    .map((p) => {
+      const [address = "", prefix, ...rest] = p.split("/");
+      const family = isIP(address);
+      const bits = family === 4 ? 32 : 128;
+      if (family === 0 || rest.length > 0 || (prefix !== undefined && (!/^\d{1,3}$/.test(prefix) || Number(prefix) > bits))) {
+        throw new ConfigError(name, `must be a comma-separated list of networks such as 10.0.0.0/8 or fd00::/8 (got '${p}')`);
+      }
+      return p;
+    });
 }
 
 export function loadConfig<S extends EnvSpec>(spec: S, env: NodeJS.ProcessEnv = process.env): Config<S> {
@@ -331,6 +351,18 @@ export const agentEnv = {
     type: "admin-url",
     default: "http://127.0.0.1:2019",
     description: "admin API of this host's Caddy: http://host:port, or unix:///path/to/socket (what npm start and test fleets use: no process of the host but the agent reaches it)",
+  },
+  AGENT_TENANT_UID: {
+    type: "int",
+    default: "61000",
+    description:
+      "user and group id tenant code (build commands, replicas) runs as in the sandbox, and whose connections the tenant fence limits: none to the host's own addresses but the router's port; 0 runs it as the agent's own user, unfenced",
+  },
+  AGENT_TENANT_DENIED_NETS: {
+    type: "cidr-list",
+    optional: true,
+    description:
+      "networks tenant code may not connect to, besides the host's own addresses and the link-local range (cloud metadata): where the control plane (Postgres, NATS, the services) lives when it is on other hosts; the agent adds the NATS server and services it is configured with",
   },
   AGENT_HEALTH_CHECK_TIMEOUT_S: {
     type: "int",

@@ -125,6 +125,15 @@ describe("loadConfig", () => {
     expectConfigError(() => loadConfig(optional, { HOOK: "h" }), "HOOK");
   });
 
+  it("reads a list of networks, each an address with or without a prefix length", () => {
+    const nets = { DENIED: { type: "cidr-list", optional: true, description: "d" } } as const satisfies EnvSpec;
+    expect(loadConfig(nets, { DENIED: " 10.0.0.0/8, 192.0.2.7 ,fd00::/8," }).DENIED).toBe("10.0.0.0/8,192.0.2.7,fd00::/8");
+    for (const bad of ["10.0.0.0/33", "fd00::/129", "db.internal", "10.0.0.0/8/1", "10.0.0.0/x"]) {
+      const err = expectConfigError(() => loadConfig(nets, { DENIED: `10.0.0.0/8,${bad}` }), "DENIED");
+      expect(err.message).toContain(`(got '${bad}')`);
+    }
+  });
+
   it("loads every process of the fleet from an empty environment", () => {
     for (const [name, processSpec] of Object.entries(FLEET_ENV)) {
       expect(() => loadConfig(processSpec, {}), name).not.toThrow();

@@ -1,0 +1,119 @@
+/**
+ * The tenant fence: where tenant code may connect from a host. The sandbox (sandbox.ts) shares
+ * the host's network, since a replica listens on its PORT for Caddy and a build fetches its
+ * packages. Unfenced, tenant code would reach everything the host serves on its own addresses:
+ * Postgres (which may trust local connections), NATS (where agents take their work), the fleet's
+ * services, Caddy's admin API when it is on TCP, other tenants' replicas.
+ *
+ * Tenant code runs as the tenant user, so its sockets are told apart by their owner. An nftables
+ * table rejects the tenant user's new connections to the host's own addresses, save the router's
+ * port (an app calling another by its URL) and DNS, and to the denied networks: link-local (where
+ * cloud metadata answers), the control plane's (AGENT_TENANT_DENIED_NETS) and the addresses of the
+ * NATS server and services the agent is configured with. Rejected, not dropped: a connection
+ * fails at once (ECONNREFUSED) rather than hanging. Answers on connections made to a replica
+ * (Caddy's requests, health checks) are no new connections and pass.
+ *
+ * One table per tenant user, shared by the agents of a host that run tenant code as the same
+ * user (test fleets do): each agent adds its router's port and never takes one away, and the
+ * rules are replaced in one transaction.
+ */
+import { spawn } from "node:child_process";
+import { constants } from "node:fs";
+import { access } from "node:fs/promises";
+import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
+import path from "node:path";
+
+/** Ports tenant code may connect to on the host's own addresses besides the router's: DNS (a local resolver). */
+const OPEN_LOCAL_PORTS = [53];
+/** Always denied: link-local, where cloud providers answer metadata (and credentials) requests. */
+const ALWAYS_DENIED = ["169.254.0.0/16", "fe80::/10"];
+
+export interface FenceSpec {
+  /** The tenant user (AGENT_TENANT_UID) whose connections are fenced. */
+  uid: number;
+  /** The router's ports: open on the host's own addresses. */
+  routerPorts: number[];
+  /** Networks (address or address/prefix) tenant code may not connect to. */
+  deniedNets: string[];
+}
+
+export function fenceTable(uid: number): string {
+  return `platform_tenant_${uid}`;
+}
+
+/** The nft script that puts the fence in place (or adds to one in place), as one transaction. */
+export function fenceRuleset(spec: FenceSpec): string {
+  const t = `inet ${fenceTable(spec.uid)}`;
+  const ports = [...new Set([...OPEN_LOCAL_PORTS, ...spec.routerPorts])].sort((a, b) => a - b);
+  const nets = [...new Set([...ALWAYS_DENIED, ...spec.deniedNets])];
+  const v4 = nets.filter((n) => isIP(n.split("/")[0]!) === 4);
+  const v6 = nets.filter((n) => isIP(n.split("/")[0]!) === 6);
+  const elements = (set: string, items: Array<string | number>) => (items.length > 0 ? [`add element ${t} ${set} { ${items.join(", ")} }`] : []);
+  return [
+    `add table ${t}`,
+    `add set ${t} open_ports { type inet_service; }`,
+    `add set ${t} denied4 { type ipv4_addr; flags interval; auto-merge; }`,
+    `add set ${t} denied6 { type ipv6_addr; flags interval; auto-merge; }`,
+    ...elements("open_ports", ports),
+    ...elements("denied4", v4),
+    ...elements("denied6", v6),
+    `add chain ${t} output { type filter hook output priority filter; policy accept; }`,
+    `add chain ${t} tenant`,
+    `flush chain ${t} output`,
+    `flush chain ${t} tenant`,
+    // Only sockets the tenant user owns: packets without a socket (the kernel's own) never jump.
+    `add rule ${t} output meta skuid ${spec.uid} jump tenant`,
+    `add rule ${t} tenant ct state established,related accept`,
+    `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport @open_ports accept`,
+    `add rule ${t} tenant fib daddr type local reject`,
+    `add rule ${t} tenant ip daddr @denied4 reject`,
+    `add rule ${t} tenant ip6 daddr @denied6 reject`,
+    "",
+  ].join("\n");
+}
+
+async function findNft(): Promise<string | null> {
+  // nft lives in sbin, which a service's PATH may lack.
+  for (const dir of [...(process.env.PATH ?? "").split(":"), "/usr/sbin", "/sbin"]) {
+    if (!dir) continue;
+    const file = path.join(dir, "nft");
+    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
+  }
+  return null;
+}
+
+/** Puts the fence in place; what went wrong when it could not be. */
+export async function installTenantFence(spec: FenceSpec): Promise<{ ok: true } | { ok: false; reason: string }> {
+  const nft = await findNft();
+  if (!nft) return { ok: false, reason: "nft (nftables) is not installed" };
+  return new Promise((resolve) => {
+    const child = spawn(nft, ["-f", "-"], { stdio: ["pipe", "ignore", "pipe"], timeout: 10_000 });
+    let stderr = "";
+    child.stderr.on("data", (chunk: Buffer) => {
+      if (stderr.length < 2000) stderr += chunk.toString("utf8");
+    });
+    child.once("error", (err) => resolve({ ok: false, reason: `nft could not be run: ${err.message}` }));
+    child.once("close", (code, signal) => resolve(code === 0 ? { ok: true } : { ok: false, reason: `nft failed (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}` }));
+    child.stdin.end(fenceRuleset(spec));
+  });
+}
+
+/**
+ * The addresses of the servers behind `urls` (NATS, the services the agent calls): the control
+ * plane as this agent knows it. A name that does not resolve now is left out.
+ */
+export async function controlPlaneAddresses(urls: string[]): Promise<string[]> {
+  const hosts = new Set<string>();
+  for (const raw of urls) {
+    try {
+      hosts.add(new URL(raw).hostname.replace(/^\[(.*)\]$/, "$1"));
+    } catch {
+      // Not a URL: the config loader has refused it already.
+    }
+  }
+  const found = await Promise.all(
+    [...hosts].map(async (host) => (isIP(host) ? [host] : (await lookup(host, { all: true }).catch(() => [])).map((a) => a.address))),
+  );
+  return [...new Set(found.flat())];
+}

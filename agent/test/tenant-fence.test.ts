@@ -1,0 +1,133 @@
+/**
+ * The tenant fence on this machine: what the tenant user's code can connect to. A user of its own
+ * (not the agent's default), so the fleets of other tests keep theirs. Skipped, saying why, where
+ * nftables or the sandbox cannot run.
+ */
+import { execFile } from "node:child_process";
+import net from "node:net";
+import { promisify } from "node:util";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { probeSandbox, Sandbox } from "../src/sandbox.ts";
+import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence } from "../src/tenant-fence.ts";
+
+const TENANT = { uid: 61999, gid: 61999 };
+const run = promisify(execFile);
+
+async function listen(): Promise<net.Server> {
+  // The connections made here are closed at once: a reset is no error of the test's.
+  const server = net.createServer((s) => s.on("error", () => undefined).end("hello\n"));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return server;
+}
+const portOf = (s: net.Server) => (s.address() as net.AddressInfo).port;
+
+/** Whether `port` on 127.0.0.1 answers a connection made by this process (as the agent's user). */
+function connect(host: string, port: number): Promise<string> {
+  return new Promise((resolve) => {
+    const s = net.connect({ host, port, timeout: 3000 }, () => {
+      s.destroy();
+      resolve("connected");
+    });
+    s.on("timeout", () => {
+      s.destroy();
+      resolve("timeout");
+    });
+    s.on("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message));
+  });
+}
+
+describe("fenceRuleset", () => {
+  it("names the tenant user's sockets only, opens the router's port and DNS on the host's addresses, and denies the networks given", () => {
+    const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] });
+    expect(rules).toContain("add table inet platform_tenant_61000");
+    expect(rules).toContain("add element inet platform_tenant_61000 open_ports { 53, 8480 }");
+    expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 10.1.0.0/16 }");
+    expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, fd00::/8 }");
+    expect(rules).toContain("add rule inet platform_tenant_61000 output meta skuid 61000 jump tenant");
+    // Rules are replaced, not added to, when an agent puts the fence in place again.
+    expect(rules.indexOf("flush chain inet platform_tenant_61000 tenant")).toBeLessThan(rules.indexOf("add rule inet platform_tenant_61000 tenant"));
+  });
+});
+
+describe("controlPlaneAddresses", () => {
+  it("resolves the hosts of the URLs the agent is configured with", async () => {
+    expect(await controlPlaneAddresses(["nats://127.0.0.1:4222", "http://[::1]:7003", "http://localhost:7002", "http://no-such-host.invalid:1"])).toEqual(
+      expect.arrayContaining(["127.0.0.1", "::1"]),
+    );
+  });
+});
+
+const sandbox = await probeSandbox(TENANT);
+const probe = sandbox.ok && sandbox.user ? await installTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }) : null;
+const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem ?? "no tenant user") : probe && !probe.ok ? probe.reason : "";
+
+describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${skip ? ` (skipped: ${skip})` : ""}`, () => {
+  let hostService: net.Server;
+  let router: net.Server;
+  let otherRouter: net.Server;
+  beforeAll(async () => {
+    [hostService, router, otherRouter] = await Promise.all([listen(), listen(), listen()]);
+    // Two agents of one host with the same tenant user: each opens its own router's port.
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true });
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(otherRouter)], deniedNets: [] })).toEqual({ ok: true });
+  });
+  afterAll(async () => {
+    await Promise.all([hostService, router, otherRouter].map((s) => new Promise((r) => s?.close(r))));
+    await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]).catch(() => undefined);
+  });
+
+  /** What each connection made by tenant code (in the sandbox, as the tenant user) ended in. */
+  async function fromTenantCode(targets: Record<string, [string, number]>): Promise<Record<string, string>> {
+    const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+    const script = `
+      const net = require("node:net");
+      const connect = ([host, port]) => new Promise((resolve) => {
+        const s = net.connect({ host, port, timeout: 3000 }, () => { s.destroy(); resolve("connected"); });
+        s.on("timeout", () => { s.destroy(); resolve("timeout"); });
+        s.on("error", (e) => resolve(e.code));
+      });
+      const targets = ${JSON.stringify(targets)};
+      Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
+    `;
+    const { argv } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+    const { stdout } = await run(argv[0]!, argv.slice(1));
+    return JSON.parse(stdout) as Record<string, string>;
+  }
+
+  it("refuses the host's own services and the denied networks at once, and lets the routers' ports through", async () => {
+    const seen = await fromTenantCode({
+      hostService: ["127.0.0.1", portOf(hostService)],
+      router: ["127.0.0.1", portOf(router)],
+      otherRouter: ["127.0.0.1", portOf(otherRouter)],
+      denied: ["192.0.2.1", 80],
+      metadata: ["169.254.169.254", 80],
+    });
+    expect(seen).toEqual({ hostService: "ECONNREFUSED", router: "connected", otherRouter: "connected", denied: "ECONNREFUSED", metadata: "ECONNREFUSED" });
+    // The agent's own user is not fenced.
+    expect(await connect("127.0.0.1", portOf(hostService))).toBe("connected");
+  });
+
+  it("lets tenant code answer connections made to it (Caddy's requests, health checks)", async () => {
+    const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+    const script = `
+      const server = require("node:net").createServer((s) => s.end("from the tenant\\n"));
+      server.listen(0, "127.0.0.1", () => console.log(server.address().port));
+      setTimeout(() => process.exit(0), 5000);
+    `;
+    const { argv } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+    const child = execFile(argv[0]!, argv.slice(1));
+    try {
+      const port = await new Promise<number>((resolve) => child.stdout!.once("data", (d) => resolve(Number(String(d).trim()))));
+      const answer = await new Promise<string>((resolve, reject) => {
+        const s = net.connect({ host: "127.0.0.1", port });
+        let data = "";
+        s.on("data", (d) => (data += String(d)));
+        s.on("end", () => resolve(data));
+        s.on("error", reject);
+      });
+      expect(answer).toBe("from the tenant\n");
+    } finally {
+      child.kill("SIGKILL");
+    }
+  });
+});
