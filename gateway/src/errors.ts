@@ -5,7 +5,6 @@
 import { STATUS_CODES, type IncomingMessage } from "node:http";
 import type { Socket } from "node:net";
 import type { FastifyError, FastifyInstance } from "fastify";
-import { PlatformError } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 
 declare module "fastify" {

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { deployQueueEnv, loadConfig } from "@platform/config";
 import { createServiceClient } from "@platform/rpc";
 import { DeployQueueService } from "@platform/proto";
-import { inGroup, makeCaller, type Caller } from "@platform/caller";
+import { inGroup, makeCaller } from "@platform/caller";
 import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 import { connectBus, subjects, subscribe, type Bus, type BuildRequested, type EventEnvelope } from "@platform/bus";
 import { createLogger } from "@platform/logger";
