@@ -66,7 +66,7 @@ type CaddyHandler = Record<string, unknown> & { handler: string };
 
 interface CaddyRoute {
   "@id"?: string;
-  match?: Record<string, string[]>[];
+  match?: Record<string, unknown>[];
   handle: CaddyHandler[];
   terminal?: boolean;
 }
@@ -83,6 +83,11 @@ function checkMountPath(key: string, path: string): void {
   }
 }
 
+/** `text` as a Go (RE2) regular expression matching it literally. */
+function literal(text: string): string {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
 function mountRoute(mount: MountSpec): CaddyRoute {
   const handle: CaddyHandler[] =
     mount.upstreams.length > 0
@@ -94,8 +99,10 @@ function mountRoute(mount: MountSpec): CaddyRoute {
           },
         ]
       : [textResponse(503, NO_REPLICA_BODY)];
-  // `/api` serves `/api` and everything below it, never `/apix`.
-  return mount.path === "/" ? { handle } : { match: [{ path: [mount.path, `${mount.path}/*`] }], handle };
+  // `/api` serves `/api` and everything below it, never `/apix`, nor `/API`: URL paths are
+  // case-sensitive, and Caddy's `path` matcher is not. `path_regexp` matches the cleaned path
+  // (doubled slashes merged, dot segments resolved), as `path` does.
+  return mount.path === "/" ? { handle } : { match: [{ path_regexp: { pattern: `^${literal(mount.path)}(?:/|$)` } }], handle };
 }
 
 /** One front door as a route of the `platform` server. */

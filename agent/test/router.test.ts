@@ -150,12 +150,21 @@ describe("CaddyRouter on a real Caddy", () => {
         { service: "web", path: "/", upstreams: [upstreams.blue.dial] },
         { service: "api", path: "/api", upstreams: [upstreams.api.dial] },
         { service: "docs", path: "/api/docs", upstreams: [] },
+        { service: "v1", path: "/v1.0", upstreams: [upstreams.api.dial] },
       ],
     });
     const h = "mounts.t.localhost";
     await served(h, "/api/x").toEqual({ status: 200, body: "api" });
     await served(h, "/api").toEqual({ status: 200, body: "api" });
     await served(h, "/apix").toEqual({ status: 200, body: "blue" });
+    // Paths are case-sensitive; a path is matched once cleaned.
+    await served(h, "/API/x").toEqual({ status: 200, body: "blue" });
+    await served(h, "/Api").toEqual({ status: 200, body: "blue" });
+    await served(h, "//api//x").toEqual({ status: 200, body: "api" });
+    await served(h, "/web/../api/x").toEqual({ status: 200, body: "api" });
+    // A mount path is matched literally.
+    await served(h, "/v1.0/x").toEqual({ status: 200, body: "api" });
+    await served(h, "/v1x0/x").toEqual({ status: 200, body: "blue" });
     await served(h, "/").toEqual({ status: 200, body: "blue" });
     await served(h, "/api/docs/v1").toEqual({ status: 503, body: NO_REPLICA_BODY });
     await served(HOST).toEqual({ status: 200, body: "blue" });
