@@ -19,7 +19,7 @@
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
-import { access, lstat, realpath, stat } from "node:fs/promises";
+import { access, lchown, lstat, readdir, realpath, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 
@@ -263,8 +263,14 @@ export class Sandbox {
   async handOver(paths: string[]): Promise<void> {
     const runAs = await this.runsAs();
     if (!runAs) return;
-    const owned = await Promise.all(paths.map(async (p) => (await lstat(p)).uid === runAs.uid));
-    const trees = paths.filter((_, i) => !owned[i]);
+    const trees: string[] = [];
+    for (const p of paths) {
+      const st = await lstat(p);
+      if (st.uid === runAs.uid) continue;
+      // A file or an empty directory (a new HOME) needs no chown process.
+      if (!st.isDirectory() || (await readdir(p)).length === 0) await lchown(p, runAs.uid, runAs.gid);
+      else trees.push(p);
+    }
     if (trees.length === 0) return;
     await new Promise<void>((resolve, reject) => {
       const child = spawn("chown", ["-R", "-h", "-P", `${runAs.uid}:${runAs.gid}`, "--", ...trees], { stdio: ["ignore", "ignore", "pipe"] });
