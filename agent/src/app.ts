@@ -23,7 +23,7 @@ import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
 import { controlPlaneAddresses, fenceTable, installTenantFence } from "./tenant-fence.ts";
-import { probeMemoryCgroup } from "./memory-cgroup.ts";
+import { probeCgroup } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -82,6 +82,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     routerPort: config.PLATFORM_ROUTER_PORT,
     hide: hidden,
     runAs,
+    pidsMax: config.AGENT_PIDS_MAX,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     bus,
@@ -90,11 +91,19 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     onChange: () => beatOnChange?.(),
   });
 
-  const buildMemory = probeMemoryCgroup().then((probe) => {
+  const buildMemory = probeCgroup("memory").then((probe) => {
     if (probe.ok) return probe.cgroup;
     logger.warn({ reason: probe.reason }, "build commands run without a memory limit");
     return null;
   });
+  const buildPids =
+    config.AGENT_PIDS_MAX > 0
+      ? probeCgroup("pids").then((probe) => {
+          if (probe.ok) return probe.cgroup;
+          logger.warn({ reason: probe.reason }, "build commands run without a process limit");
+          return null;
+        })
+      : null;
   const load = new LoadSampler();
   const beat = async () => {
     // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.
@@ -145,6 +154,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
       sandbox: new Sandbox({ hide: hidden, runAs, logger, what: "build commands" }),
       memory: { limitMb: config.AGENT_BUILD_MEMORY_MB, cgroup: () => buildMemory },
+      ...(buildPids ? { pids: { max: config.AGENT_PIDS_MAX, cgroup: () => buildPids } } : {}),
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

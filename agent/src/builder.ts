@@ -15,7 +15,7 @@ import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import type { Sandbox } from "./sandbox.ts";
-import { createMemoryCgroup, inCgroup, oomKillCount, removeCgroup, type MemoryCgroup } from "./memory-cgroup.ts";
+import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -72,7 +72,13 @@ export interface BuildDeps {
    * it is OOM-killed and fails the build, instead of starving the host's replicas and the agent.
    * Unbounded when absent or when the host has no usable memory cgroup.
    */
-  memory?: { limitMb: number; cgroup(): Promise<MemoryCgroup | null> };
+  memory?: { limitMb: number; cgroup(): Promise<CgroupParent | null> };
+  /**
+   * Each build command's bound on processes and threads together: a fork past it fails (and
+   * most likely the command with it), instead of a fork bomb exhausting the host's.
+   * Unbounded when absent or when the host has no usable pids cgroup.
+   */
+  pids?: { max: number; cgroup(): Promise<CgroupParent | null> };
 }
 
 export interface BuildOutcome {
@@ -258,22 +264,24 @@ async function killLeftovers(run: string): Promise<void> {
 }
 
 /**
- * Runs `argv` (through `run`) in a memory cgroup `name` of its own, when the agent has a memory
- * limit and the host a usable cgroup; answers the run's outcome and whether it was OOM-killed. A
- * cgroup that cannot be made leaves the command unlimited rather than failing the build, as for
- * replicas.
+ * Runs `argv` (through `run`) in cgroups `name` of its own, a memory one and a pids one, where the
+ * agent has the limit and the host a usable cgroup; answers the run's outcome, whether it was
+ * OOM-killed and whether a fork hit the process limit. A cgroup that cannot be made leaves the
+ * command unlimited in that respect rather than failing the build, as for replicas.
  */
-async function withMemoryLimit<R>(deps: BuildDeps, name: string, argv: string[], run: (argv: string[]) => Promise<R>): Promise<R & { oomKilled: boolean }> {
-  const parent = deps.memory ? await deps.memory.cgroup() : null;
-  const cgroup = parent && deps.memory ? await createMemoryCgroup(parent, name, deps.memory.limitMb).catch(() => null) : null;
-  if (!cgroup) return { ...(await run(argv)), oomKilled: false };
+async function withLimits<R>(deps: BuildDeps, name: string, argv: string[], run: (argv: string[]) => Promise<R>): Promise<R & { oomKilled: boolean; pidsLimited: boolean }> {
+  const memoryParent = deps.memory ? await deps.memory.cgroup() : null;
+  const memory = memoryParent && deps.memory ? await createMemoryCgroup(memoryParent, name, deps.memory.limitMb).catch(() => null) : null;
+  const pidsParent = deps.pids ? await deps.pids.cgroup() : null;
+  const pids = pidsParent && deps.pids ? await createPidsCgroup(pidsParent, name, deps.pids.max).catch(() => null) : null;
+  const cgroups = [...new Set([memory, pids].filter((c): c is string => c !== null))];
   try {
-    const outcome = await run(inCgroup(cgroup, argv));
-    return { ...outcome, oomKilled: (await oomKillCount(cgroup)) > 0 };
+    const outcome = await run(inCgroups(cgroups, argv));
+    return { ...outcome, oomKilled: memory !== null && (await oomKillCount(memory)) > 0, pidsLimited: pids !== null && (await pidsLimitHits(pids)) > 0 };
   } finally {
     // Not waited for: a cgroup whose processes were just killed stays busy for a moment, and the
     // build goes on meanwhile.
-    void removeCgroup(cgroup).catch(() => undefined);
+    for (const dir of cgroups) void removeCgroup(dir).catch(() => undefined);
   }
 }
 
@@ -415,7 +423,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
       const argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
-      const run = await withMemoryLimit(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
+      const run = await withLimits(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
         runCommand(limited, {
           cwd: src,
           env: buildEnv(job, home),
@@ -427,6 +435,11 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0 && run.oomKilled) {
         throw new BuildFailure(`The build command of service ${name} was killed for using more than ${deps.memory!.limitMb} MB of memory (the agent's AGENT_BUILD_MEMORY_MB).`);
+      }
+      if (run.code !== 0 && run.pidsLimited) {
+        throw new BuildFailure(
+          `The build command of service ${name} exited with code ${run.code} after it was refused a process or thread: it may run ${deps.pids!.max} at once (the agent's AGENT_PIDS_MAX).`,
+        );
       }
       if (run.code !== 0) throw new BuildFailure(`The build command of service ${name} exited with code ${run.code}.`);
     }

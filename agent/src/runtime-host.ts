@@ -35,6 +35,8 @@ export interface RuntimeHostOptions {
   hide: string[];
   /** The user sandboxed replicas run as (AGENT_TENANT_UID); null: the agent's own. */
   runAs: TenantUser | null;
+  /** The processes and threads one replica may run together (AGENT_PIDS_MAX); 0: no limit. */
+  pidsMax: number;
   healthTimeoutMs: number;
   /** How often the routing table Caddy holds is checked for drift from this host's record; ROUTER_CHECK_MS unless set. */
   routerCheckMs?: number;
@@ -67,7 +69,7 @@ export interface RuntimeHost {
 export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHost> {
   const runDir = path.resolve(o.runDir);
   const driver: RuntimeDriver =
-    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, logger: o.logger });
+    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, pidsMax: o.pidsMax, logger: o.logger });
   const state = new HostState(runDir);
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });

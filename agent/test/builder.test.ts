@@ -13,13 +13,14 @@ import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "..
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
-import { probeMemoryCgroup } from "../src/memory-cgroup.ts";
+import { probeCgroup } from "../src/cgroups.ts";
 
 // Build commands run as the agent runs them: sandboxed where this machine can, as the tenant user.
 const TENANT = { uid: 61000, gid: 61000 };
 const sandbox = await probeSandbox(TENANT);
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
-const memoryCgroup = await probeMemoryCgroup();
+const memoryCgroup = await probeCgroup("memory");
+const pidsCgroup = await probeCgroup("pids");
 
 let dir: string;
 let repo: FixtureRepo;
@@ -219,6 +220,21 @@ it.skipIf(!memoryCgroup.ok)(`fails a build command that uses more memory than th
     await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
   } finally {
     await hungry.cleanup();
+  }
+});
+
+it.skipIf(!pidsCgroup.ok)(`fails a build command that forks past the agent's process limit, saying so${pidsCgroup.ok ? "" : ` (skipped: ${pidsCgroup.reason})`}`, async () => {
+  const forky = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("for i in $(seq 1 64); do sleep 5 & done; wait") } });
+  try {
+    const cgroup = pidsCgroup.ok ? pidsCgroup.cgroup : null;
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-0000000e", false), repository: forky.url }, { ...deps(), pids: { max: 16, cgroup: async () => cgroup }, log: (l) => void lines.push(l.message) });
+    expect(outcome.status).toBe("failed");
+    expect(outcome.error_message).toMatch(/^The build command of service web exited with code \d+ after it was refused a process or thread: it may run 16 at once \(the agent's AGENT_PIDS_MAX\)\.$/);
+    expect(lines.join("\n")).toMatch(/fork/i);
+    await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
+  } finally {
+    await forky.cleanup();
   }
 });
 

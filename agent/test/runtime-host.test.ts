@@ -49,6 +49,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     routerPort: caddy.httpPort,
     hide: [],
     runAs: { uid: 61000, gid: 61000 },
+    pidsMax: 1024,
     healthTimeoutMs: 10_000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),
     bus,

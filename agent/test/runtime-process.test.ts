@@ -4,19 +4,21 @@
  * the same way the driver probes).
  */
 import { afterEach, beforeAll, afterAll, beforeEach, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { ProcessDriver, probeHttpClient } from "../src/runtime/process.ts";
-import { probeMemoryCgroup } from "../src/memory-cgroup.ts";
+import { probeCgroup } from "../src/cgroups.ts";
 import { probeSandbox } from "../src/sandbox.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
 import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
 
 const sandbox = await probeSandbox();
-const memory = await probeMemoryCgroup();
+const memory = await probeCgroup("memory");
+const pids = await probeCgroup("pids");
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 const noMemory = memory.ok ? "" : ` (skipped: ${memory.reason})`;
 
@@ -402,6 +404,37 @@ describe("ProcessDriver limits", () => {
     await driver.remove(spec.id);
     expect(existsSync(record.cgroup)).toBe(false);
     expect(existsSync(path.join(runDir, "replicas", spec.id))).toBe(false);
+  });
+
+  it.skipIf(!pids.ok)(`holds a replica to its processes and threads: forks past the limit fail, the host's do not${pids.ok ? "" : ` (skipped: ${pids.reason})`}`, async () => {
+    const driver = new ProcessDriver({ runDir, runAs: TENANT, pidsMax: 48 });
+    drivers.push(driver);
+    const lines = output(driver);
+    const script = `
+      const { spawn } = require("node:child_process");
+      let started = 0, refused = 0;
+      for (let i = 0; i < 80; i++) {
+        const child = spawn("sleep", ["30"], { stdio: "ignore" });
+        child.on("spawn", () => started++);
+        child.on("error", () => refused++);
+      }
+      setTimeout(() => console.log("started " + started + " refused " + refused), 2000);
+      setInterval(() => undefined, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    await driver.start(spec);
+    const record = JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { pidsCgroup: string };
+    expect((await readFile(path.join(record.pidsCgroup, "pids.max"), "utf8")).trim()).toBe("48");
+    const said = await until(() => lines.find((l) => l.line.startsWith("started ")), "the replica's count", 15_000);
+    const [, started, refused] = /^started (\d+) refused (\d+)$/.exec(said.line)!.map(Number);
+    expect(started).toBeGreaterThan(0);
+    expect(started).toBeLessThan(48);
+    expect(refused).toBeGreaterThan(0);
+    expect(Number((await readFile(path.join(record.pidsCgroup, "pids.current"), "utf8")).trim())).toBeLessThanOrEqual(48);
+    // The host forks as before.
+    expect(spawnSync("true").status).toBe(0);
+    await driver.remove(spec.id);
+    expect(existsSync(record.pidsCgroup)).toBe(false);
   });
 
   it.skipIf(!sandbox.ok)(`sandboxes a replica: only its release dir, HOME and a private /tmp are writable, the network is shared${noSandbox}`, async () => {

@@ -1,7 +1,7 @@
 /**
  * The `process` runtime driver (ARCHITECTURE section 5): each replica is `sh -c <run command>` in
- * its own process group, sandboxed with bubblewrap and memory-limited through a cgroup when the
- * host allows it (both probed at run time). Replicas outlive the agent: their stdout and stderr
+ * its own process group, sandboxed with bubblewrap, and memory- and process-limited through
+ * cgroups when the host allows it (all probed at run time). Replicas outlive the agent: their stdout and stderr
  * are files, not pipes, and `<runDir>/replicas/<id>/replica.json` records what adopt() needs after
  * an agent restart. Output is followed by reading those files incrementally, for own children and
  * adopted replicas alike; what has been read goes into `output.log`, the merged, ordered view that
@@ -16,7 +16,7 @@ import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 import { errorText } from "../error-text.ts";
 import { Sandbox, type TenantUser } from "../sandbox.ts";
-import { createMemoryCgroup, inCgroup, oomKillCount, probeMemoryCgroup, removeCgroup, type MemoryCgroup } from "../memory-cgroup.ts";
+import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, probeCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -31,6 +31,8 @@ export interface ProcessDriverOptions {
   /** The user sandboxed replicas run as (AGENT_TENANT_UID); absent: the agent's own. */
   runAs?: TenantUser | null;
   memoryLimits?: "auto" | "off";
+  /** The processes and threads one replica may run together (AGENT_PIDS_MAX); absent or 0: no limit. */
+  pidsMax?: number;
 }
 
 type Stream = "stdout" | "stderr";
@@ -78,7 +80,10 @@ interface ReplicaRecord {
   startedAt: string;
   /** Field 22 of /proc/<pid>/stat: tells the replica from a later process that got the same pid. */
   procStart: string;
+  /** The memory cgroup (its OOM kills are the replica's). */
   cgroup: string | null;
+  /** The pids cgroup; absent in records of agents before it, the same as `cgroup` on cgroup v2. */
+  pidsCgroup?: string | null;
   /** The cgroup's OOM kill count at start: a cgroup reused by a restart keeps its old count. */
   oomBase: number;
   sandboxed: boolean;
@@ -207,11 +212,13 @@ export class ProcessDriver implements RuntimeDriver {
   readonly #runDir: string;
   readonly #logger: Logger | undefined;
   readonly #memoryMode: "auto" | "off";
+  readonly #pidsMax: number;
   readonly #sandbox: Sandbox;
   readonly #replicas = new Map<string, Replica>();
   readonly #exitListeners: Array<(state: ReplicaState) => void> = [];
   readonly #outputListeners: Array<(line: OutputLine) => void> = [];
-  #memory: Promise<MemoryCgroup | null> | null = null;
+  #memory: Promise<CgroupParent | null> | null = null;
+  #pids: Promise<CgroupParent | null> | null = null;
   #outputTimer: NodeJS.Timeout | null = null;
   #exitTimer: NodeJS.Timeout | null = null;
   #closed = false;
@@ -221,6 +228,7 @@ export class ProcessDriver implements RuntimeDriver {
     this.#logger = opts.logger;
     this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, runAs: opts.runAs, logger: opts.logger, what: "replicas" });
     this.#memoryMode = opts.memoryLimits ?? "auto";
+    this.#pidsMax = opts.pidsMax ?? 0;
   }
 
   /**
@@ -251,13 +259,25 @@ export class ProcessDriver implements RuntimeDriver {
       }
     }
 
-    const previousCgroup = previous?.record.cgroup;
-    if (previousCgroup && previousCgroup !== cgroup) await removeCgroup(previousCgroup).catch(() => undefined);
+    const pids = this.#pidsMax > 0 ? await this.#pidsReady() : null;
+    let pidsCgroup: string | null = null;
+    if (pids) {
+      try {
+        pidsCgroup = await createPidsCgroup(pids, spec.id, this.#pidsMax);
+      } catch (err) {
+        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's pids cgroup; it runs without a process limit");
+      }
+    }
+    const cgroups = [cgroup, pidsCgroup].filter((c): c is string => c !== null);
+
+    for (const old of [previous?.record.cgroup, previous?.record.pidsCgroup]) {
+      if (old && !cgroups.includes(old)) await removeCgroup(old).catch(() => undefined);
+    }
 
     // No --die-with-parent: replicas must outlive the agent.
     const sandboxed = await this.#sandbox.wrap(["/bin/sh", "-c", spec.command], { writable: [releaseDir, home], chdir: releaseDir, dieWithParent: false });
     let argv = sandboxed.argv;
-    if (cgroup) argv = inCgroup(cgroup, argv);
+    argv = inCgroups(cgroups, argv);
     const env: Record<string, string> = {
       PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? DEFAULT_PATH}`,
       HOME: home,
@@ -279,7 +299,7 @@ export class ProcessDriver implements RuntimeDriver {
         child.once("error", reject);
       });
     } catch (e) {
-      if (cgroup) await removeCgroup(cgroup).catch(() => undefined);
+      for (const dir of cgroups) await removeCgroup(dir).catch(() => undefined);
       throw new Error(`replica ${spec.id} could not be started: ${errorText(e)}`);
     } finally {
       await Promise.all([out.close(), err.close()]);
@@ -293,6 +313,7 @@ export class ProcessDriver implements RuntimeDriver {
       startedAt: startedAt.toISOString(),
       procStart: (await procStat(pid))?.start ?? "",
       cgroup,
+      pidsCgroup,
       oomBase,
       sandboxed: sandboxed.sandboxed,
       capability: { httpClient: await probeHttpClient(env.PATH ?? DEFAULT_PATH), probedAt: new Date().toISOString() },
@@ -331,17 +352,17 @@ export class ProcessDriver implements RuntimeDriver {
     const replica = this.#replicas.get(replicaId);
     if (replica?.running) await this.stop(replicaId, REMOVE_GRACE_MS);
     const dir = this.#dirOf(replicaId);
-    let cgroup: string | null;
+    let record: ReplicaRecord | null;
     if (replica) {
       await replica.finishing;
       this.#unfollow(replica);
       await replica.reads;
-      cgroup = replica.record.cgroup;
+      record = replica.record;
     } else {
-      // Never adopted: its record still names its cgroup.
-      cgroup = await readFile(path.join(dir, "replica.json"), "utf8").then((text) => (JSON.parse(text) as ReplicaRecord).cgroup, () => null);
+      // Never adopted: its record still names its cgroups.
+      record = await readFile(path.join(dir, "replica.json"), "utf8").then((text) => JSON.parse(text) as ReplicaRecord, () => null);
     }
-    if (cgroup) await removeCgroup(cgroup);
+    for (const cgroup of new Set([record?.cgroup, record?.pidsCgroup])) if (cgroup) await removeCgroup(cgroup);
     this.#replicas.delete(replicaId);
     await rm(dir, { recursive: true, force: true });
   }
@@ -368,6 +389,7 @@ export class ProcessDriver implements RuntimeDriver {
     // The host's sandbox and cgroups are probed while the agent starts, not by its first deploy.
     void this.#sandbox.ready();
     void this.#memoryReady();
+    if (this.#pidsMax > 0) void this.#pidsReady();
     const root = path.join(this.#runDir, "replicas");
     const ids = await readdir(root).catch(() => [] as string[]);
     const adopted: ReplicaState[] = [];
@@ -458,9 +480,21 @@ export class ProcessDriver implements RuntimeDriver {
     };
   }
 
-  #memoryReady(): Promise<MemoryCgroup | null> {
+  #pidsReady(): Promise<CgroupParent | null> {
+    this.#pids ??= probeCgroup("pids").then((probe) => {
+      if (probe.ok) {
+        this.#logger?.info({ cgroup: probe.cgroup.dir, version: probe.cgroup.version, max: this.#pidsMax }, "replica process limits are enforced with cgroups");
+        return probe.cgroup;
+      }
+      this.#logger?.warn({ reason: probe.reason }, "replicas run without a process limit");
+      return null;
+    });
+    return this.#pids;
+  }
+
+  #memoryReady(): Promise<CgroupParent | null> {
     if (this.#memoryMode === "off") return Promise.resolve(null);
-    this.#memory ??= probeMemoryCgroup().then((probe) => {
+    this.#memory ??= probeCgroup("memory").then((probe) => {
       if (probe.ok) {
         this.#logger?.info({ cgroup: probe.cgroup.dir, version: probe.cgroup.version }, "replica memory limits are enforced with cgroups");
         return probe.cgroup;

@@ -340,6 +340,12 @@ export const agentEnv = {
     default: "4096",
     description: "memory one build command may use (its processes together, swap included); past it the command is killed and the build fails (where the host has a writable memory cgroup)",
   },
+  AGENT_PIDS_MAX: {
+    type: "int",
+    default: "1024",
+    description:
+      "processes and threads one replica, or one build command, may run at once (where the host has a writable pids cgroup); a fork past it fails, so a fork bomb stays in its own cgroup; 0 for no limit",
+  },
   AGENT_RUN_DIR: {
     type: "string",
     default: ".data/agent/run",

@@ -1,9 +1,13 @@
 /**
- * Memory cgroups of tenant code on a host: each replica (runtime/process.ts) and each build command
- * (builder.ts) runs in one of its own, under the agent's own cgroup, limited with swap included so
- * that passing the limit ends in an OOM kill the agent can tell apart from a crash. v2 first, v1
- * where that is all the host has; probed at run time, since a container may not let the agent
- * write either.
+ * The cgroups of tenant code on a host: each replica (runtime/process.ts) and each build command
+ * (builder.ts) runs in cgroups of its own, under the agent's own:
+ * - memory, limited with swap included so that passing the limit ends in an OOM kill the agent
+ *   can tell apart from a crash;
+ * - pids, bounding its processes and threads together, so that a fork bomb fails its own forks
+ *   rather than the host's (every tenant runs as the one tenant user, whose process count no
+ *   per-user limit could split between tenants).
+ * v2 first (one cgroup holds both limits), v1 where that is all the host has (one hierarchy
+ * each); probed at run time, since a container may not let the agent write either.
  */
 import { mkdir, readFile, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
@@ -11,13 +15,21 @@ import { errorText } from "./error-text.ts";
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-export interface MemoryCgroup {
+export type Controller = "memory" | "pids";
+
+/** Where a controller's limited cgroups are made: the agent's own cgroup in its hierarchy. */
+export interface CgroupParent {
   version: 1 | 2;
-  /** The agent's own cgroup in the memory hierarchy: replica and build cgroups are made under it. */
   dir: string;
 }
 
-export type MemoryCgroupProbe = { ok: true; cgroup: MemoryCgroup } | { ok: false; reason: string };
+export type CgroupProbe = { ok: true; cgroup: CgroupParent } | { ok: false; reason: string };
+
+/** Each controller's file that says "no limit" (what a probe writes). */
+const UNLIMITED: Record<Controller, Record<1 | 2, [file: string, value: string]>> = {
+  memory: { 1: ["memory.limit_in_bytes", "-1"], 2: ["memory.max", "max"] },
+  pids: { 1: ["pids.max", "max"], 2: ["pids.max", "max"] },
+};
 
 interface Mount {
   root: string;
@@ -47,37 +59,38 @@ function cgroupDir(mount: Mount, cgroupPath: string): string | null {
   return null;
 }
 
-async function tryCgroup(cgroup: MemoryCgroup): Promise<string | null> {
+async function tryCgroup(cgroup: CgroupParent, controller: Controller): Promise<string | null> {
   if (cgroup.version === 2) {
     const controllers = await readFile(path.join(cgroup.dir, "cgroup.controllers"), "utf8").catch(() => "");
-    if (!controllers.split(/\s+/).includes("memory")) return `cgroup v2: the memory controller is not available in ${cgroup.dir}`;
+    if (!controllers.split(/\s+/).includes(controller)) return `cgroup v2: the ${controller} controller is not available in ${cgroup.dir}`;
     const subtree = await readFile(path.join(cgroup.dir, "cgroup.subtree_control"), "utf8").catch(() => "");
-    if (!subtree.split(/\s+/).includes("memory")) {
+    if (!subtree.split(/\s+/).includes(controller)) {
       try {
-        await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), "+memory");
+        await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), `+${controller}`);
       } catch (err) {
-        return `cgroup v2: cannot enable the memory controller for children of ${cgroup.dir} (${errorText(err)})`;
+        return `cgroup v2: cannot enable the ${controller} controller for children of ${cgroup.dir} (${errorText(err)})`;
       }
     }
   }
-  const probe = path.join(cgroup.dir, `platform-probe-${process.pid}`);
+  const probe = path.join(cgroup.dir, `platform-probe-${controller}-${process.pid}`);
   try {
     await mkdir(probe);
   } catch (err) {
     return `cgroup v${cgroup.version}: cannot create a cgroup under ${cgroup.dir} (${errorText(err)})`;
   }
+  const [file, value] = UNLIMITED[controller][cgroup.version];
   try {
-    await writeFile(path.join(probe, cgroup.version === 2 ? "memory.max" : "memory.limit_in_bytes"), cgroup.version === 2 ? "max" : "-1");
+    await writeFile(path.join(probe, file), value);
     return null;
   } catch (err) {
-    return `cgroup v${cgroup.version}: cannot set a memory limit under ${cgroup.dir} (${errorText(err)})`;
+    return `cgroup v${cgroup.version}: cannot set a ${controller} limit under ${cgroup.dir} (${errorText(err)})`;
   } finally {
     await rmdir(probe).catch(() => undefined);
   }
 }
 
-/** Finds a memory cgroup hierarchy this process may create limited cgroups in; v2 first. */
-export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
+/** Finds a hierarchy of `controller` this process may create limited cgroups in; v2 first. */
+export async function probeCgroup(controller: Controller): Promise<CgroupProbe> {
   let own: string;
   let mounts: Mount[];
   try {
@@ -94,31 +107,37 @@ export async function probeMemoryCgroup(): Promise<MemoryCgroupProbe> {
       const second = line.indexOf(":", first + 1);
       return { controllers: line.slice(first + 1, second).split(","), path: line.slice(second + 1) };
     });
-  const candidates: MemoryCgroup[] = [];
+  const candidates: CgroupParent[] = [];
   const v2 = memberships.find((m) => m.controllers.length === 1 && m.controllers[0] === "");
   const v2Mount = mounts.find((m) => m.fstype === "cgroup2");
   const v2Dir = v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
   if (v2Dir) candidates.push({ version: 2, dir: v2Dir });
-  const v1 = memberships.find((m) => m.controllers.includes("memory"));
-  const v1Mount = mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes("memory"));
+  const v1 = memberships.find((m) => m.controllers.includes(controller));
+  const v1Mount = mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes(controller));
   const v1Dir = v1 && v1Mount ? cgroupDir(v1Mount, v1.path) : null;
   if (v1Dir) candidates.push({ version: 1, dir: v1Dir });
-  if (!candidates.length) return { ok: false, reason: "no memory cgroup hierarchy is mounted for this process" };
+  if (!candidates.length) return { ok: false, reason: `no ${controller} cgroup hierarchy is mounted for this process` };
   const reasons: string[] = [];
   for (const cgroup of candidates) {
-    const reason = await tryCgroup(cgroup);
+    const reason = await tryCgroup(cgroup, controller);
     if (reason === null) return { ok: true, cgroup };
     reasons.push(reason);
   }
   return { ok: false, reason: reasons.join("; ") };
 }
 
-/** A cgroup `platform-<name>` under `parent` holding its processes to `memoryMb` (swap included). */
-export async function createMemoryCgroup(parent: MemoryCgroup, name: string, memoryMb: number): Promise<string> {
+/** The cgroup `platform-<name>` under `parent`, made when missing. */
+async function childCgroup(parent: CgroupParent, name: string): Promise<string> {
   const dir = path.join(parent.dir, `platform-${name}`);
   await mkdir(dir).catch((err: NodeJS.ErrnoException) => {
     if (err.code !== "EEXIST") throw err;
   });
+  return dir;
+}
+
+/** A cgroup `platform-<name>` under `parent` holding its processes to `memoryMb` (swap included). */
+export async function createMemoryCgroup(parent: CgroupParent, name: string, memoryMb: number): Promise<string> {
+  const dir = await childCgroup(parent, name);
   const bytes = String(memoryMb * 1024 * 1024);
   // The limit covers swap too, so that reaching it ends in an OOM kill rather than in swapping.
   if (parent.version === 2) {
@@ -136,9 +155,27 @@ export async function createMemoryCgroup(parent: MemoryCgroup, name: string, mem
   return dir;
 }
 
-/** `argv` run in `cgroup`: the shell joins it before it execs the rest, so the command never runs unlimited. */
-export function inCgroup(cgroup: string, argv: string[]): string[] {
-  return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', path.join(cgroup, "cgroup.procs"), ...argv];
+/**
+ * A cgroup `platform-<name>` under `parent` holding its processes and threads to `max` together.
+ * On cgroup v2 it is the same cgroup as the memory one of that name.
+ */
+export async function createPidsCgroup(parent: CgroupParent, name: string, max: number): Promise<string> {
+  const dir = await childCgroup(parent, name);
+  await writeFile(path.join(dir, "pids.max"), String(max));
+  return dir;
+}
+
+/** How many times a fork or a new thread in the cgroup was refused for its pids.max. */
+export async function pidsLimitHits(dir: string): Promise<number> {
+  const text = await readFile(path.join(dir, "pids.events"), "utf8").catch(() => "");
+  return Number(text.match(/^max (\d+)$/m)?.[1] ?? 0);
+}
+
+/** `argv` run in `cgroups`: the shell joins each before it execs the rest, so the command never runs unlimited. */
+export function inCgroups(cgroups: string[], argv: string[]): string[] {
+  if (cgroups.length === 0) return argv;
+  const procs = [...new Set(cgroups)].map((dir) => path.join(dir, "cgroup.procs"));
+  return ["/bin/sh", "-c", 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; exec "$@"', "sh", String(procs.length), ...procs, ...argv];
 }
 
 /** How many processes the kernel OOM-killed in the cgroup (v2 memory.events, v1 memory.oom_control). */
