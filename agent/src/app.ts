@@ -23,11 +23,13 @@ import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
 import { controlPlaneAddresses, fenceTable, installTenantFence } from "./tenant-fence.ts";
-import { probeCgroup } from "./cgroups.ts";
+import { probeCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
 const VERSION: string = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8")).version;
+/** A build cgroup younger than this may be another agent's on the same host, about to be joined. */
+const LEFTOVER_CGROUP_AGE_MS = 60_000;
 
 export interface Agent {
   port: number;
@@ -91,6 +93,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     onChange: () => beatOnChange?.(),
   });
 
+  // Build commands die with the agent that ran them; the cgroups they ran in stayed behind.
+  const leftBehind = async (parent: CgroupParent | null) => (parent ? removeIdleCgroups(parent, "build-", LEFTOVER_CGROUP_AGE_MS) : 0);
   const buildMemory = probeCgroup("memory").then((probe) => {
     if (probe.ok) return probe.cgroup;
     logger.warn({ reason: probe.reason }, "build commands run without a memory limit");
@@ -104,6 +108,9 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
           return null;
         })
       : null;
+  void Promise.all([buildMemory.then(leftBehind), buildPids?.then(leftBehind)]).then(([memory = 0, pids = 0]) => {
+    if (memory + pids > 0) logger.info({ removed: memory + pids }, "cgroups of builds run by a stopped agent removed");
+  });
   const load = new LoadSampler();
   const beat = async () => {
     // The disk reported is the one deployed releases and replica output fill, not the agent's cwd.

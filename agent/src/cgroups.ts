@@ -9,7 +9,7 @@
  * v2 first (one cgroup holds both limits), v1 where that is all the host has (one hierarchy
  * each); probed at run time, since a container may not let the agent write either.
  */
-import { mkdir, readFile, rmdir, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { errorText } from "./error-text.ts";
 
@@ -203,4 +203,22 @@ export async function removeCgroup(dir: string): Promise<void> {
       await sleep(100);
     }
   }
+}
+
+/**
+ * Removes the cgroups `platform-<prefix>*` under `parent` that hold no process and were made over
+ * `minAgeMs` ago: those of builds a stopped agent left (its build commands died with it). Younger
+ * ones may be another agent's on this host, made for a command about to join; ones in use stay
+ * (the kernel refuses to remove them). Answers how many went.
+ */
+export async function removeIdleCgroups(parent: CgroupParent, prefix: string, minAgeMs: number): Promise<number> {
+  const names = (await readdir(parent.dir).catch(() => [] as string[])).filter((n) => n.startsWith(`platform-${prefix}`));
+  let removed = 0;
+  for (const name of names) {
+    const dir = path.join(parent.dir, name);
+    const st = await stat(dir).catch(() => null);
+    if (!st?.isDirectory() || Date.now() - st.mtimeMs < minAgeMs) continue;
+    if (await rmdir(dir).then(() => true, () => false)) removed++;
+  }
+  return removed;
 }
