@@ -87,7 +87,7 @@ export async function probeSandbox(runAs: TenantUser | null = null): Promise<San
 /** The prefix that makes a command run as the tenant user, with no way back to the agent's. */
 function asUser(user: SandboxUser | null): string[] {
   if (!user) return [];
-  return [user.setpriv, `--reuid=${user.runAs.uid}`, `--regid=${user.runAs.gid}`, "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--"];
+  return [user.setpriv, `--reuid=${user.runAs.uid}`, `--regid=${user.runAs.gid}`, "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"];
 }
 
 export interface SandboxedCommand {
@@ -137,8 +137,9 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs
     "--unshare-ipc",
     ...(cmd.dieWithParent ? ["--die-with-parent"] : []),
     "--cap-drop", "ALL",
-    // Only for setpriv's drop to the tenant user, which ends every capability.
-    ...(user ? ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] : []),
+    // Only for setpriv's drop to the tenant user, which ends every capability, the bounding set's
+    // too (as root, bubblewrap leaves that set whole).
+    ...(user ? ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"] : []),
     "--chdir", cmd.chdir,
   ];
 }
