@@ -22,7 +22,7 @@ import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
-import { controlPlaneAddresses, fenceTable, installTenantFence } from "./tenant-fence.ts";
+import { controlPlaneAddresses, keepTenantFence } from "./tenant-fence.ts";
 import { probeCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
@@ -62,14 +62,13 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   ];
   // Tenant code runs as the tenant user, fenced off the host's own services, before any of it starts.
   const runAs = config.AGENT_TENANT_UID > 0 ? { uid: config.AGENT_TENANT_UID, gid: config.AGENT_TENANT_UID } : null;
+  let fence: { stop(): void } = { stop: () => undefined };
   if (runAs) {
     const deniedNets = [
       ...(config.AGENT_TENANT_DENIED_NETS ? config.AGENT_TENANT_DENIED_NETS.split(",") : []),
       ...(await controlPlaneAddresses([config.NATS_URL, config.DEPLOY_QUEUE_URL, config.APPS_BUILDS_URL])),
     ];
-    const fence = await installTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets });
-    if (fence.ok) logger.info({ uid: runAs.uid, table: fenceTable(runAs.uid), deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
-    else logger.warn({ uid: runAs.uid, reason: fence.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
+    fence = await keepTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets }, logger);
   }
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
@@ -188,6 +187,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     });
   } catch (err) {
     clearInterval(timer);
+    fence.stop();
     await renames.stop();
     await work.stop();
     await preflight.stop();
@@ -205,6 +205,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     beat,
     async close() {
       clearInterval(timer);
+      fence.stop();
       await renames.stop();
       await work.stop();
       await preflight.stop();

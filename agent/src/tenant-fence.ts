@@ -13,9 +13,10 @@
  * fails at once (ECONNREFUSED) rather than hanging. Answers on connections made to a replica
  * (Caddy's requests, health checks) are no new connections and pass.
  *
- * One table per tenant user, shared by the agents of a host that run tenant code as the same
- * user (test fleets do): each agent adds its router's port and never takes one away, and the
- * rules are replaced in one transaction.
+ * One table per tenant user, replaced whole in one transaction by the agent that puts it in place:
+ * a host has one agent per tenant user (a second one, as test fleets have, takes the table over
+ * with its own router's port). A firewall reload flushes the host's ruleset, so the agent checks
+ * for the table every minute and puts it back.
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
@@ -23,11 +24,17 @@ import { access } from "node:fs/promises";
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import path from "node:path";
+import type { Logger } from "@platform/logger";
 
 /** Ports tenant code may connect to on the host's own addresses besides the router's: DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
-/** Always denied: link-local, where cloud providers answer metadata (and credentials) requests. */
-const ALWAYS_DENIED = ["169.254.0.0/16", "fe80::/10"];
+/**
+ * Always denied: link-local, where cloud providers answer metadata (and credentials) requests, and
+ * multicast and the limited broadcast, which reach the host's own listeners too.
+ */
+const ALWAYS_DENIED = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8"];
+/** How often the fence is checked for, and put back when a firewall reload flushed it. */
+const FENCE_CHECK_MS = 60_000;
 
 export interface FenceSpec {
   /** The tenant user (AGENT_TENANT_UID) whose connections are fenced. */
@@ -42,7 +49,7 @@ export function fenceTable(uid: number): string {
   return `platform_tenant_${uid}`;
 }
 
-/** The nft script that puts the fence in place (or adds to one in place), as one transaction. */
+/** The nft script that puts the fence in place (or replaces the one in place), as one transaction. */
 export function fenceRuleset(spec: FenceSpec): string {
   const t = `inet ${fenceTable(spec.uid)}`;
   const ports = [...new Set([...OPEN_LOCAL_PORTS, ...spec.routerPorts])].sort((a, b) => a - b);
@@ -55,6 +62,9 @@ export function fenceRuleset(spec: FenceSpec): string {
     `add set ${t} open_ports { type inet_service; }`,
     `add set ${t} denied4 { type ipv4_addr; flags interval; auto-merge; }`,
     `add set ${t} denied6 { type ipv6_addr; flags interval; auto-merge; }`,
+    `flush set ${t} open_ports`,
+    `flush set ${t} denied4`,
+    `flush set ${t} denied6`,
     ...elements("open_ports", ports),
     ...elements("denied4", v4),
     ...elements("denied6", v6),
@@ -67,6 +77,9 @@ export function fenceRuleset(spec: FenceSpec): string {
     `add rule ${t} tenant ct state established,related accept`,
     `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport @open_ports accept`,
     `add rule ${t} tenant fib daddr type local reject`,
+    // A broadcast or multicast send reaches the host's own listeners too (no ICMP answers one:
+    // dropped, the send fails with EPERM).
+    `add rule ${t} tenant fib daddr type { broadcast, multicast } drop`,
     `add rule ${t} tenant ip daddr @denied4 reject`,
     `add rule ${t} tenant ip6 daddr @denied6 reject`,
     "",
@@ -83,20 +96,53 @@ async function findNft(): Promise<string | null> {
   return null;
 }
 
-/** Puts the fence in place; what went wrong when it could not be. */
-export async function installTenantFence(spec: FenceSpec): Promise<{ ok: true } | { ok: false; reason: string }> {
-  const nft = await findNft();
-  if (!nft) return { ok: false, reason: "nft (nftables) is not installed" };
+/** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
+async function nft(args: string[], input = ""): Promise<string | null> {
+  const bin = await findNft();
+  if (!bin) return "nft (nftables) is not installed";
   return new Promise((resolve) => {
-    const child = spawn(nft, ["-f", "-"], { stdio: ["pipe", "ignore", "pipe"], timeout: 10_000 });
+    const child = spawn(bin, args, { stdio: ["pipe", "ignore", "pipe"], timeout: 10_000 });
     let stderr = "";
     child.stderr.on("data", (chunk: Buffer) => {
       if (stderr.length < 2000) stderr += chunk.toString("utf8");
     });
-    child.once("error", (err) => resolve({ ok: false, reason: `nft could not be run: ${err.message}` }));
-    child.once("close", (code, signal) => resolve(code === 0 ? { ok: true } : { ok: false, reason: `nft failed (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}` }));
-    child.stdin.end(fenceRuleset(spec));
+    child.once("error", (err) => resolve(`nft could not be run: ${err.message}`));
+    child.once("close", (code, signal) => resolve(code === 0 ? null : `nft failed (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}`));
+    child.stdin.end(input);
   });
+}
+
+/** Puts the fence in place; what went wrong when it could not be. */
+export async function installTenantFence(spec: FenceSpec): Promise<{ ok: true } | { ok: false; reason: string }> {
+  const failed = await nft(["-f", "-"], fenceRuleset(spec));
+  return failed ? { ok: false, reason: failed } : { ok: true };
+}
+
+/**
+ * Puts the fence in place and keeps it there: checked every `checkMs`, and put back when it is
+ * gone. Without nft (or root) it says so once and tenant code runs unfenced.
+ */
+export async function keepTenantFence(spec: FenceSpec, logger: Logger, checkMs = FENCE_CHECK_MS): Promise<{ stop(): void }> {
+  const table = fenceTable(spec.uid);
+  const put = await installTenantFence(spec);
+  if (!put.ok) {
+    logger.warn({ uid: spec.uid, reason: put.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
+    return { stop: () => undefined };
+  }
+  logger.info({ uid: spec.uid, table, deniedNets: spec.deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
+  let checking = false;
+  const timer = setInterval(() => {
+    if (checking) return;
+    checking = true;
+    void (async () => {
+      if ((await nft(["list", "table", "inet", table])) === null) return;
+      const again = await installTenantFence(spec);
+      if (again.ok) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
+      else logger.error({ table, reason: again.reason }, "the tenant fence is gone and could not be put back: tenant code can connect to the host's own services");
+    })().finally(() => (checking = false));
+  }, checkMs);
+  timer.unref();
+  return { stop: () => clearInterval(timer) };
 }
 
 /**

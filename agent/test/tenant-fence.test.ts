@@ -4,11 +4,13 @@
  * nftables or the sandbox cannot run.
  */
 import { execFile } from "node:child_process";
+import dgram from "node:dgram";
 import net from "node:net";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
-import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence } from "../src/tenant-fence.ts";
+import { createLogger } from "@platform/logger";
+import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence, keepTenantFence } from "../src/tenant-fence.ts";
 
 const TENANT = { uid: 61999, gid: 61999 };
 const run = promisify(execFile);
@@ -41,11 +43,12 @@ describe("fenceRuleset", () => {
     const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] });
     expect(rules).toContain("add table inet platform_tenant_61000");
     expect(rules).toContain("add element inet platform_tenant_61000 open_ports { 53, 8480 }");
-    expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 10.1.0.0/16 }");
-    expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, fd00::/8 }");
+    expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 224.0.0.0/4, 255.255.255.255, 10.1.0.0/16 }");
+    expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, ff00::/8, fd00::/8 }");
     expect(rules).toContain("add rule inet platform_tenant_61000 output meta skuid 61000 jump tenant");
-    // Rules are replaced, not added to, when an agent puts the fence in place again.
+    // Rules and sets are replaced, not added to, when an agent puts the fence in place again.
     expect(rules.indexOf("flush chain inet platform_tenant_61000 tenant")).toBeLessThan(rules.indexOf("add rule inet platform_tenant_61000 tenant"));
+    expect(rules.indexOf("flush set inet platform_tenant_61000 open_ports")).toBeLessThan(rules.indexOf("add element inet platform_tenant_61000 open_ports"));
   });
 });
 
@@ -64,15 +67,19 @@ const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem
 describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${skip ? ` (skipped: ${skip})` : ""}`, () => {
   let hostService: net.Server;
   let router: net.Server;
-  let otherRouter: net.Server;
+  let earlierRouter: net.Server;
+  let udp: dgram.Socket;
   beforeAll(async () => {
-    [hostService, router, otherRouter] = await Promise.all([listen(), listen(), listen()]);
-    // Two agents of one host with the same tenant user: each opens its own router's port.
+    [hostService, router, earlierRouter] = await Promise.all([listen(), listen(), listen()]);
+    udp = dgram.createSocket("udp4");
+    await new Promise<void>((resolve) => udp.bind(0, "0.0.0.0", resolve));
+    // Put in place again (an agent restarted with another router port): nothing of the earlier one stays open.
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(earlierRouter)], deniedNets: ["198.51.100.0/24"] })).toEqual({ ok: true });
     expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true });
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(otherRouter)], deniedNets: [] })).toEqual({ ok: true });
   });
   afterAll(async () => {
-    await Promise.all([hostService, router, otherRouter].map((s) => new Promise((r) => s?.close(r))));
+    udp?.close();
+    await Promise.all([hostService, router, earlierRouter].map((s) => new Promise((r) => s?.close(r))));
     await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]).catch(() => undefined);
   });
 
@@ -98,13 +105,46 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     const seen = await fromTenantCode({
       hostService: ["127.0.0.1", portOf(hostService)],
       router: ["127.0.0.1", portOf(router)],
-      otherRouter: ["127.0.0.1", portOf(otherRouter)],
+      earlierRouter: ["127.0.0.1", portOf(earlierRouter)],
       denied: ["192.0.2.1", 80],
       metadata: ["169.254.169.254", 80],
     });
-    expect(seen).toEqual({ hostService: "ECONNREFUSED", router: "connected", otherRouter: "connected", denied: "ECONNREFUSED", metadata: "ECONNREFUSED" });
+    expect(seen).toEqual({ hostService: "ECONNREFUSED", router: "connected", earlierRouter: "ECONNREFUSED", denied: "ECONNREFUSED", metadata: "ECONNREFUSED" });
     // The agent's own user is not fenced.
     expect(await connect("127.0.0.1", portOf(hostService))).toBe("connected");
+  });
+
+  it("keeps tenant code's broadcasts and multicasts from the host's listeners", async () => {
+    const received: string[] = [];
+    udp.on("message", (m) => received.push(String(m)));
+    const port = (udp.address() as net.AddressInfo).port;
+    const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+    const script = `
+      const dgram = require("node:dgram");
+      const s = dgram.createSocket("udp4");
+      s.bind(0, () => {
+        s.setBroadcast(true);
+        const to = ["127.255.255.255", "255.255.255.255", "224.0.0.1", "127.0.0.1"];
+        Promise.all(to.map((host) => new Promise((resolve) => s.send(host, ${port}, host, (err) => resolve([host, err ? err.code : "sent"])))))
+          .then((r) => { console.log(JSON.stringify(Object.fromEntries(r))); s.close(); });
+      });
+    `;
+    const { argv } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+    const { stdout } = await run(argv[0]!, argv.slice(1));
+    expect(JSON.parse(stdout)).toEqual({ "127.255.255.255": "EPERM", "255.255.255.255": "EPERM", "224.0.0.1": "EPERM", "127.0.0.1": "EPERM" });
+    await new Promise((r) => setTimeout(r, 200));
+    expect(received).toEqual([]);
+  });
+
+  it("is put back when it is gone (a firewall reload flushes the ruleset)", async () => {
+    const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: [] }, logger, 100);
+    try {
+      await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]);
+      await expect.poll(async () => (await fromTenantCode({ hostService: ["127.0.0.1", portOf(hostService)] })).hostService, { timeout: 5_000 }).toBe("ECONNREFUSED");
+    } finally {
+      kept.stop();
+    }
   });
 
   it("lets tenant code answer connections made to it (Caddy's requests, health checks)", async () => {
