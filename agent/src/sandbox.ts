@@ -19,7 +19,7 @@
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
-import { access, lchown, lstat, readdir, realpath, stat } from "node:fs/promises";
+import { access, chmod, lchown, lstat, readdir, realpath, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 
@@ -122,6 +122,8 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs
   return [
     "--ro-bind", "/", "/",
     "--dev", "/dev",
+    // Shared memory (shm_open, Python's multiprocessing locks) is everyone's, as on a host.
+    "--perms", "1777", "--tmpfs", "/dev/shm",
     "--proc", "/proc",
     // The new /proc is the host kernel's: without a user namespace, uid 0 could write its settings.
     "--ro-bind", "/proc/sys", "/proc/sys",
@@ -268,6 +270,9 @@ export class Sandbox {
     for (const p of paths) {
       const st = await lstat(p);
       if (st.uid === runAs.uid) continue;
+      // Enterable by anyone, whatever the agent's umask made it: bubblewrap, as root without its
+      // capabilities, changes into it before the drop to the tenant user.
+      if (st.isDirectory()) await chmod(p, (st.mode & 0o7777) | 0o711);
       // A file or an empty directory (a new HOME) needs no chown process.
       if (!st.isDirectory() || (await readdir(p)).length === 0) await lchown(p, runAs.uid, runAs.gid);
       else trees.push(p);

@@ -53,7 +53,9 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     await writeFile(path.join(dir, "token"), "sk-in-a-file");
     await writeFile(path.join(dir, "visible"), "shown");
     await writeFile(path.join(dir, "root-only"), "for root's eyes", { mode: 0o600 });
-    await mkdir(path.join(dir, "tree", "sub"), { recursive: true });
+    // Made under an umask of 077, as an agent may be started with.
+    await mkdir(path.join(dir, "tree", "sub"), { recursive: true, mode: 0o700 });
+    await chmod(path.join(dir, "tree"), 0o700);
     await writeFile(path.join(dir, "tree", "sub", "file"), "x");
     await writeFile(path.join(dir, "outside"), "a file of the host's");
     await symlink(path.join(dir, "outside"), path.join(dir, "tree", "link"));
@@ -72,8 +74,8 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
       hide: [path.join(dir, "secrets"), path.join(dir, "token"), path.join(dir, "daemon.sock"), path.join(dir, "missing"), "/run"],
     });
 
-  async function run(script: string, writable: string[] = []): Promise<Record<string, string>> {
-    const { argv, sandboxed } = await box().wrap([process.execPath, "-e", script], { writable, chdir: "/", dieWithParent: true });
+  async function run(script: string, writable: string[] = [], chdir = "/"): Promise<Record<string, string>> {
+    const { argv, sandboxed } = await box().wrap([process.execPath, "-e", script], { writable, chdir, dieWithParent: true });
     expect(sandboxed).toBe(true);
     const { stdout } = await promisify(execFile)(argv[0]!, argv.slice(1));
     return JSON.parse(stdout) as Record<string, string>;
@@ -100,6 +102,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         noNewPrivileges: /^NoNewPrivs:\\s*(\\d)$/m.exec(status)[1],
         rootOnly: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "root-only"))}, "utf8")),
         tmp: attempt(() => { fs.writeFileSync("/tmp/scratch", "ok"); return fs.readFileSync("/tmp/scratch", "utf8"); }),
+        shm: attempt(() => { fs.writeFileSync("/dev/shm/scratch", "ok"); return fs.readFileSync("/dev/shm/scratch", "utf8"); }),
         dir: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "secrets"))}).join(",")),
         file: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "token"))}, "utf8")),
         visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
@@ -121,6 +124,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
       noNewPrivileges: "1",
       rootOnly: "EACCES",
       tmp: "ok",
+      shm: "ok",
       dir: "",
       file: "EACCES",
       visible: "shown",
@@ -144,11 +148,12 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     await box().handOver([tree]);
     for (const p of ["tree", "tree/sub", "tree/sub/file", "tree/link"]) expect((await lstat(path.join(dir, p))).uid, p).toBe(TENANT.uid);
     expect((await stat(path.join(dir, "outside"))).uid).toBe(0);
+    // Run in the tree, as a build in its checkout.
     const after = await run(`
       const fs = require("node:fs");
-      fs.writeFileSync(${JSON.stringify(path.join(tree, "sub", "new"))}, "y");
+      fs.writeFileSync("sub/new", "y");
       console.log(JSON.stringify({ write: "ok" }));
-    `, [tree]);
+    `, [tree], tree);
     expect(after).toEqual({ write: "ok" });
     expect(await readFile(path.join(tree, "sub", "new"), "utf8")).toBe("y");
   });
