@@ -10,18 +10,21 @@
  * sandbox up as root, then `setpriv` drops to the tenant user, with no new privileges (a setuid
  * binary cannot lift it back). The host's files only root may read stay unread, what the code
  * must write is handed over to the tenant user (handOver), and the tenant fence (tenant-fence.ts)
- * can tell its connections from everyone else's. The network stays shared: a replica listens on
- * its PORT for Caddy, a build fetches its packages.
+ * can tell its connections from everyone else's. A seccomp filter (seccomp.ts) keeps it from
+ * creating user namespaces. The network stays shared: a replica listens on its PORT for Caddy, a
+ * build fetches its packages.
  *
  * Whether the host can sandbox is probed at run time; without bubblewrap (or the namespaces it
  * needs) tenant code runs unsandboxed, and without setpriv as the agent's user; the agent says so
  * in its log.
  */
 import { spawn } from "node:child_process";
-import { constants } from "node:fs";
-import { access, chmod, lchown, lstat, readdir, realpath, stat } from "node:fs/promises";
+import { constants, rmSync } from "node:fs";
+import { access, chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
+import { userNamespaceFilter } from "./seccomp.ts";
 
 const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
 
@@ -39,9 +42,12 @@ export interface SandboxUser {
 
 /**
  * `user`: how commands become the tenant user, null when they run as the agent's own (with
- * `userProblem` saying why, when the tenant user was asked for).
+ * `userProblem` saying why, when the tenant user was asked for). `seccomp`: the file of the
+ * seccomp filter (seccomp.ts) commands run under, null when none could be used (`seccompProblem`).
  */
-export type SandboxProbe = { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string } | { ok: false; reason: string };
+export type SandboxProbe =
+  | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string }
+  | { ok: false; reason: string };
 
 async function findOnPath(name: string): Promise<string | null> {
   for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
@@ -52,10 +58,35 @@ async function findOnPath(name: string): Promise<string | null> {
   return null;
 }
 
-/** Runs `bwrap args`; null when it exited 0, else what went wrong. */
-function tryBwrap(bwrap: string, args: string[]): Promise<string | null> {
+/**
+ * The command line that starts bubblewrap with `args`. With a seccomp filter, a shell first opens
+ * it as fd 3, where `--seccomp 3` reads it (bubblewrap closes it before the command runs).
+ */
+function launch(bwrap: string, seccomp: string | null, args: string[]): string[] {
+  return seccomp ? ["/bin/sh", "-c", 'exec 3<"$0" && exec "$@"', seccomp, bwrap, ...args] : [bwrap, ...args];
+}
+
+let seccompFile: Promise<string | null> | null = null;
+
+/** The seccomp filter, written once per process to a directory of its own (removed at exit). */
+function writeSeccompFilter(): Promise<string | null> {
+  seccompFile ??= (async () => {
+    const filter = userNamespaceFilter();
+    if (!filter) return null;
+    const dir = await mkdtemp(path.join(os.tmpdir(), "platform-sandbox-"));
+    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    const file = path.join(dir, "userns.bpf");
+    await writeFile(file, filter, { mode: 0o600 });
+    return file;
+  })();
+  return seccompFile;
+}
+
+/** Runs bubblewrap with `args`; null when it exited 0, else what went wrong. */
+function tryBwrap(bwrap: string, seccomp: string | null, args: string[]): Promise<string | null> {
   return new Promise((resolve) => {
-    const child = spawn(bwrap, args, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
+    const [file, ...rest] = launch(bwrap, seccomp, args);
+    const child = spawn(file!, rest, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
     let stderr = "";
     child.stderr.on("data", (chunk: Buffer) => {
       if (stderr.length < 2000) stderr += chunk.toString("utf8");
@@ -66,22 +97,26 @@ function tryBwrap(bwrap: string, args: string[]): Promise<string | null> {
 }
 
 /**
- * Whether bubblewrap is installed and can create the namespaces a sandbox needs, and whether the
- * command in it can become `runAs`.
+ * Whether bubblewrap is installed and can create the namespaces a sandbox needs, whether the
+ * command in it can become `runAs`, and whether it can run under the seccomp filter.
  */
 export async function probeSandbox(runAs: TenantUser | null = null): Promise<SandboxProbe> {
   const bwrap = await findOnPath("bwrap");
   if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
-  const probe = (user: SandboxUser | null) =>
-    tryBwrap(bwrap, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user), "--", ...asUser(user), "true"]);
-  const failed = await probe(null);
+  const probe = (user: SandboxUser | null, seccomp: string | null) =>
+    tryBwrap(bwrap, seccomp, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null), "--", ...asUser(user), "true"]);
+  const failed = await probe(null, null);
   if (failed) return { ok: false, reason: failed };
-  if (!runAs) return { ok: true, bwrap, user: null };
-  const setpriv = await findOnPath("setpriv");
-  if (!setpriv) return { ok: true, bwrap, user: null, userProblem: "setpriv (util-linux) is not on PATH" };
-  const dropped = await probe({ setpriv, runAs });
-  if (dropped) return { ok: true, bwrap, user: null, userProblem: dropped };
-  return { ok: true, bwrap, user: { setpriv, runAs } };
+  let user: SandboxUser | null = null;
+  let userProblem: string | undefined;
+  if (runAs) {
+    const setpriv = await findOnPath("setpriv");
+    userProblem = setpriv ? ((await probe({ setpriv, runAs }, null)) ?? undefined) : "setpriv (util-linux) is not on PATH";
+    if (setpriv && !userProblem) user = { setpriv, runAs };
+  }
+  const filter = await writeSeccompFilter();
+  const seccompProblem = filter ? await probe(user, filter) : `no seccomp filter is written for ${process.arch}`;
+  return { ok: true, bwrap, user, userProblem, seccomp: seccompProblem ? null : filter, ...(seccompProblem ? { seccompProblem } : {}) };
 }
 
 /** The prefix that makes a command run as the tenant user, with no way back to the agent's. */
@@ -118,7 +153,7 @@ export interface Hidden {
  * process group, which must still reach it, and the group's session (made by `detached`) has no
  * terminal that --new-session would protect.
  */
-export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs: TenantUser } | null = null): string[] {
+export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs: TenantUser } | null = null, seccomp = false): string[] {
   return [
     "--ro-bind", "/", "/",
     "--dev", "/dev",
@@ -142,6 +177,8 @@ export function sandboxArgs(cmd: SandboxedCommand, hidden: Hidden, user: { runAs
     // Only for setpriv's drop to the tenant user, which ends every capability, the bounding set's
     // too (as root, bubblewrap leaves that set whole).
     ...(user ? ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"] : []),
+    // No user namespaces (seccomp.ts): the filter is read from fd 3 (see launch).
+    ...(seccomp ? ["--seccomp", "3"] : []),
     "--chdir", cmd.chdir,
   ];
 }
@@ -208,6 +245,7 @@ export interface SandboxOptions {
 interface SandboxHost {
   bwrap: string;
   user: SandboxUser | null;
+  seccomp: string | null;
 }
 
 /** One host's sandbox for one kind of tenant code: probed once, then wraps each command. */
@@ -235,11 +273,12 @@ export class Sandbox {
         this.#logger?.warn({ reason: probe.reason }, `${this.#what} run without a sandbox`);
         return null;
       }
-      const { bwrap, user } = probe;
+      const { bwrap, user, seccomp } = probe;
       if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
       else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
       else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
-      return { bwrap, user };
+      if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces (no seccomp filter)`);
+      return { bwrap, user, seccomp };
     });
     return this.#host;
   }
@@ -254,7 +293,7 @@ export class Sandbox {
     const host = await this.ready();
     if (!host) return { argv, sandboxed: false };
     const hidden = await this.#hidden(cmd.writable, host.user !== null);
-    return { argv: [host.bwrap, ...sandboxArgs(cmd, hidden, host.user), "--", ...asUser(host.user), ...argv], sandboxed: true };
+    return { argv: launch(host.bwrap, host.seccomp, [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), "--", ...asUser(host.user), ...argv]), sandboxed: true };
   }
 
   /**
