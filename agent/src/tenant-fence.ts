@@ -108,6 +108,8 @@ async function nft(args: string[], input = ""): Promise<string | null> {
     });
     child.once("error", (err) => resolve(`nft could not be run: ${err.message}`));
     child.once("close", (code, signal) => resolve(code === 0 ? null : `nft failed (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}`));
+    // An nft that exits before reading all of it closes the pipe: its exit code tells why.
+    child.stdin.on("error", () => undefined);
     child.stdin.end(input);
   });
 }
