@@ -156,6 +156,21 @@ export function freePort(): Promise<number> {
   });
 }
 
+/**
+ * Whether nothing listens on `port`, on any address of either family: a process that took the
+ * port of a replica while it was down listens on one of them.
+ */
+export async function portIsFree(port: number): Promise<boolean> {
+  const tryOn = (host: string) =>
+    new Promise<boolean>((resolve) => {
+      const srv = net.createServer();
+      // A host without IPv6 cannot be listened on there, which is no one else listening.
+      srv.once("error", (err: NodeJS.ErrnoException) => resolve(err.code !== "EADDRINUSE"));
+      srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolve(true)));
+    });
+  return (await tryOn("0.0.0.0")) && (await tryOn("::"));
+}
+
 /** How long one GET of a health path may take. */
 const HEALTH_PROBE_TIMEOUT_MS = 2_000;
 
@@ -792,6 +807,32 @@ export class Deployer {
   }
 
   /** After an agent start: the router gets the whole table again from the host state. */
+  /**
+   * A replica restarted on another port (its own was taken while it was down): the host state
+   * names the new port, and so does the route, now or at the next routing check when the router
+   * does not answer.
+   */
+  async moveReplica(spec: ReplicaSpec, port: number): Promise<ReplicaSpec> {
+    const moved: ReplicaSpec = { ...spec, port, env: { ...spec.env, PORT: String(port) } };
+    const swap = (r: ReplicaSpec) => (r.id === spec.id ? moved : r);
+    const holds = (app: DeployedApp) => Object.values(app.services).some((s) => s.replicas.some((r) => r.id === spec.id));
+    const within = (app: DeployedApp): DeployedApp => ({
+      ...app,
+      services: Object.fromEntries(Object.entries(app.services).map(([name, s]) => [name, { ...s, replicas: s.replicas.map(swap) }])),
+    });
+    const d = this.#d;
+    await d.routingTableLock.run(async () => {
+      // A deploy in flight that carries the replica over routes the new port once it swaps.
+      for (const f of d.state.allInflight()) if (holds(f.next)) await d.state.setInflight({ ...f, next: within(f.next), replicas: f.replicas.map(swap) });
+      const app = d.state.apps().find(holds);
+      if (!app) return;
+      const next = within(app);
+      await d.state.setApp(next);
+      if (next.hosts.length > 0) await d.router.put(routeOf(next)).catch(() => undefined);
+    });
+    return moved;
+  }
+
   async reassertRoutes(): Promise<void> {
     await this.#d.routingTableLock.run(() => this.#d.router.assertAll(this.#routingTable()));
   }

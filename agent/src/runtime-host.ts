@@ -10,7 +10,7 @@ import type { Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
-import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
+import { Deployer, freePort, portIsFree, type DeployerDeps, type DeployJob } from "./deployer.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
 import { HostState } from "./host-state.ts";
 import { deleteImages, fetchImage } from "./image-store.ts";
@@ -92,9 +92,29 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },
     });
   });
+  // The replicas' port mover, once the routes are kept (restarts before that keep their port).
+  let routesKeeper: Deployer | null = null;
   const supervisor = new Supervisor({
     driver,
     logger: o.logger,
+    // Any process of the host may listen on a crashed replica's free port (a tenant's, to take its
+    // traffic): a replica whose port was taken restarts on another, and the route follows it.
+    beforeRestart: async (spec) => {
+      if (spec.port === null || !routesKeeper || (await portIsFree(spec.port))) return spec;
+      const moved = await routesKeeper.moveReplica(spec, await freePort());
+      o.ship({
+        source: "agent",
+        level: "warning",
+        app_name: spec.app,
+        branch: spec.branch,
+        group_slug: groupOf(spec),
+        service_name: spec.service,
+        instance_id: o.hostId,
+        message: `Port ${spec.port} of replica ${spec.id} was taken by another process while the replica was down; it restarts on port ${moved.port}, and its route follows.`,
+        metadata: { replica: spec.id, event: "port_moved", from: spec.port, to: moved.port },
+      });
+      return moved;
+    },
     onEvent: (e) => {
       o.ship({
         source: "agent",
@@ -149,7 +169,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     return { imageTag: r.imageTag, config: JSON.parse(r.configJson) as Record<string, unknown>, env: r.env, hosts: r.hosts };
   };
   const deployer = (bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }) => new Deployer({ ...deps, resolve, ...bind });
-  const routesKeeper = deployer({ log: () => undefined, phase: async () => false });
+  routesKeeper = deployer({ log: () => undefined, phase: async () => false });
 
   // The whole table at every agent start (the router may hold what an agent killed mid-change
   // left there), as soon as the router answers, then again whenever the table it holds drifts

@@ -30,6 +30,8 @@ export interface SupervisorEvent {
 export interface SupervisorOptions {
   driver: RuntimeDriver;
   onEvent: (event: SupervisorEvent) => void;
+  /** Before each restart: the spec to start the replica with (moved to another port, say); absent, the same. */
+  beforeRestart?: (spec: ReplicaSpec) => Promise<ReplicaSpec>;
   logger?: Logger;
 }
 
@@ -60,6 +62,7 @@ export function describeExit(exit: ExitInfo | null): string {
 export class Supervisor {
   readonly #driver: RuntimeDriver;
   readonly #onEvent: (event: SupervisorEvent) => void;
+  readonly #beforeRestart: ((spec: ReplicaSpec) => Promise<ReplicaSpec>) | undefined;
   readonly #logger: Logger | undefined;
   readonly #desired = new Map<string, Desired>();
   #closed = false;
@@ -67,6 +70,7 @@ export class Supervisor {
   constructor(opts: SupervisorOptions) {
     this.#driver = opts.driver;
     this.#onEvent = opts.onEvent;
+    this.#beforeRestart = opts.beforeRestart;
     this.#logger = opts.logger;
     opts.driver.onExit((state) => this.#exited(state));
   }
@@ -132,10 +136,15 @@ export class Supervisor {
   async #restart(entry: Desired, exit: ExitInfo | null): Promise<void> {
     entry.timer = null;
     if (!this.#current(entry)) return;
-    const { spec } = entry;
+    let { spec } = entry;
     // Started meanwhile (by whoever saw the exit first): nothing to do.
     if (this.#driver.list().some((r) => r.spec.id === spec.id && r.running)) return;
     try {
+      if (this.#beforeRestart) {
+        spec = await this.#beforeRestart(spec);
+        if (!this.#current(entry)) return;
+        entry.spec = spec;
+      }
       await this.#driver.start(spec);
     } catch (err) {
       if (!this.#current(entry)) return;

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import http from "node:http";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -17,6 +17,7 @@ import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, typ
 import { HostState, routeOf, type DeployedApp } from "../src/host-state.ts";
 import { CaddyRouter, NO_REPLICA_BODY, routeId } from "../src/router.ts";
 import { startRuntimeHost, type RuntimeHostOptions } from "../src/runtime-host.ts";
+import type { ReplicaSpec } from "../src/runtime/types.ts";
 
 const logger = createLogger({ service: "agent-runtime-host-test", level: "silent", pretty: false });
 const prefix = uniquePrefix("trhost");
@@ -158,6 +159,73 @@ it("asserts the table again when a front door is deleted or changed by hand thro
     await sleep(10 * CHECK_MS);
     expect(await asserts()).toBe(atStart + 2);
   } finally {
+    await host.close();
+  }
+});
+
+it("restarts a crashed replica whose port another process took meanwhile on another port, and the route follows it", async () => {
+  const release = path.join(dir, "release-moved");
+  await mkdir(release, { recursive: true });
+  // Serves, and the first time also dies half a second in (a crash the supervisor restarts).
+  await writeFile(
+    path.join(release, "server.js"),
+    `const fs = require("node:fs");
+     const first = !fs.existsSync("crashed-once");
+     if (first) fs.writeFileSync("crashed-once", "");
+     require("node:http").createServer((req, res) => res.end("the replica")).listen(Number(process.env.PORT));
+     if (first) setTimeout(() => process.exit(3), 500);`,
+  );
+  const [port] = (await freePorts(1)) as [number];
+  const spec: ReplicaSpec = {
+    id: "g.moved.main.web.blue.0.main-1.d-2",
+    group: "g",
+    app: "moved",
+    branch: "main",
+    service: "web",
+    colour: "blue",
+    index: 0,
+    tag: "main-1",
+    deploymentId: "d-2",
+    releaseDir: release,
+    command: `${process.execPath} server.js`,
+    env: { PORT: String(port) },
+    port,
+    memoryMb: null,
+  };
+  const app: DeployedApp = {
+    key: "g/moved/main",
+    group: "g",
+    app: "moved",
+    branch: "main",
+    tag: "main-1",
+    colour: "blue",
+    deploymentId: "d-2",
+    hosts: [HOST],
+    releaseDir: release,
+    services: { web: { mount: "/", health: null, background: false, stopped: false, replicas: [spec] } },
+    since: new Date().toISOString(),
+  };
+  const runDir = path.join(dir, "run-moved");
+  const record = new HostState(runDir);
+  await record.load();
+  await record.setApp(app);
+  const shipped: string[] = [];
+  const host = await startRuntimeHost({ ...hostOptions(runDir), ship: (line) => void shipped.push(line.message) });
+  // Another process takes the port as soon as the replica lets go of it.
+  const squatter = http.createServer((req, res) => res.end("the squatter"));
+  try {
+    await expect.poll(async () => (await served().catch(() => null))?.body, { timeout: 10_000 }).toBe("the replica");
+    await new Promise<void>((resolve) => {
+      const grab = () => squatter.once("error", () => setTimeout(grab, 5)).listen(port, "127.0.0.1", () => resolve());
+      grab();
+    });
+    await expect.poll(() => shipped.find((m) => m.startsWith(`Port ${port} of replica ${spec.id} was taken`)), { timeout: 10_000 }).toBeTruthy();
+    await expect.poll(async () => (await served().catch(() => null))?.body, { timeout: 10_000 }).toBe("the replica");
+    const moved = new HostState(runDir);
+    await moved.load();
+    expect(moved.appOf("moved", "main")?.services.web?.replicas[0]?.port).not.toBe(port);
+  } finally {
+    await new Promise((r) => squatter.close(r));
     await host.close();
   }
 });
