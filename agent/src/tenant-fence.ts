@@ -13,10 +13,11 @@
  * fails at once (ECONNREFUSED) rather than hanging. Answers on connections made to a replica
  * (Caddy's requests, health checks) are no new connections and pass.
  *
- * One table per tenant user, replaced whole in one transaction by the agent that puts it in place:
- * a host has one agent per tenant user (a second one, as test fleets have, takes the table over
- * with its own router's port). A firewall reload flushes the host's ruleset, so the agent checks
- * for the table every minute and puts it back.
+ * One table per tenant user, shared by the agents of a host that run tenant code as that user
+ * (test fleets do): each keeps its router's port open for ROUTER_PORT_TTL_S and renews it every
+ * minute, so the port of an agent that stopped, or moved its router, closes by itself; the rules
+ * are replaced in one transaction. A firewall reload flushes the host's ruleset: the renewal puts
+ * the whole table back.
  */
 import { spawn } from "node:child_process";
 import { constants } from "node:fs";
@@ -26,15 +27,17 @@ import { isIP } from "node:net";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 
-/** Ports tenant code may connect to on the host's own addresses besides the router's: DNS (a local resolver). */
+/** Ports tenant code may connect to on the host's own addresses besides the routers': DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
+/** How long a router's port stays open without its agent renewing it. */
+const ROUTER_PORT_TTL_S = 300;
 /**
  * Always denied: link-local, where cloud providers answer metadata (and credentials) requests, and
  * multicast and the limited broadcast, which reach the host's own listeners too.
  */
 const ALWAYS_DENIED = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8"];
-/** How often the fence is checked for, and put back when a firewall reload flushed it. */
-const FENCE_CHECK_MS = 60_000;
+/** How often the agent renews its router's port (and puts the fence back when a firewall reload flushed it). */
+const FENCE_RENEW_MS = 60_000;
 
 export interface FenceSpec {
   /** The tenant user (AGENT_TENANT_UID) whose connections are fenced. */
@@ -49,23 +52,31 @@ export function fenceTable(uid: number): string {
   return `platform_tenant_${uid}`;
 }
 
-/** The nft script that puts the fence in place (or replaces the one in place), as one transaction. */
-export function fenceRuleset(spec: FenceSpec): string {
+/**
+ * The nft script that puts the fence in place, or renews it, as one transaction. `fresh` makes
+ * the table anew (there was none, or one of an older layout).
+ */
+export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; routerPortTtlS?: number }): string {
   const t = `inet ${fenceTable(spec.uid)}`;
-  const ports = [...new Set([...OPEN_LOCAL_PORTS, ...spec.routerPorts])].sort((a, b) => a - b);
+  const ttl = `${opts.routerPortTtlS ?? ROUTER_PORT_TTL_S}s`;
   const nets = [...new Set([...ALWAYS_DENIED, ...spec.deniedNets])];
   const v4 = nets.filter((n) => isIP(n.split("/")[0]!) === 4);
   const v6 = nets.filter((n) => isIP(n.split("/")[0]!) === 6);
   const elements = (set: string, items: Array<string | number>) => (items.length > 0 ? [`add element ${t} ${set} { ${items.join(", ")} }`] : []);
   return [
+    ...(opts.fresh ? [`add table ${t}`, `delete table ${t}`] : []),
     `add table ${t}`,
-    `add set ${t} open_ports { type inet_service; }`,
+    `add set ${t} router_ports { type inet_service; flags timeout; }`,
     `add set ${t} denied4 { type ipv4_addr; flags interval; auto-merge; }`,
     `add set ${t} denied6 { type ipv6_addr; flags interval; auto-merge; }`,
-    `flush set ${t} open_ports`,
-    `flush set ${t} denied4`,
-    `flush set ${t} denied6`,
-    ...elements("open_ports", ports),
+    ...elements("router_ports", OPEN_LOCAL_PORTS),
+    // Added, taken out and added again: an element added while there keeps its old expiry.
+    ...[...new Set(spec.routerPorts)].flatMap((p) => [
+      `add element ${t} router_ports { ${p} timeout ${ttl} }`,
+      `delete element ${t} router_ports { ${p} }`,
+      `add element ${t} router_ports { ${p} timeout ${ttl} }`,
+    ]),
+    // Denying more than an agent asks for (another's, or an earlier config's) opens nothing.
     ...elements("denied4", v4),
     ...elements("denied6", v6),
     `add chain ${t} output { type filter hook output priority filter; policy accept; }`,
@@ -75,7 +86,7 @@ export function fenceRuleset(spec: FenceSpec): string {
     // Only sockets the tenant user owns: packets without a socket (the kernel's own) never jump.
     `add rule ${t} output meta skuid ${spec.uid} jump tenant`,
     `add rule ${t} tenant ct state established,related accept`,
-    `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport @open_ports accept`,
+    `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport @router_ports accept`,
     `add rule ${t} tenant fib daddr type local reject`,
     // A broadcast or multicast send reaches the host's own listeners too (no ICMP answers one:
     // dropped, the send fails with EPERM).
@@ -114,35 +125,42 @@ async function nft(args: string[], input = ""): Promise<string | null> {
   });
 }
 
-/** Puts the fence in place; what went wrong when it could not be. */
-export async function installTenantFence(spec: FenceSpec): Promise<{ ok: true } | { ok: false; reason: string }> {
-  const failed = await nft(["-f", "-"], fenceRuleset(spec));
-  return failed ? { ok: false, reason: failed } : { ok: true };
+/**
+ * Puts the fence in place, or renews it; `created`: there was none (of this layout) before, what
+ * went wrong when it could not be.
+ */
+export async function installTenantFence(
+  spec: FenceSpec,
+  opts: { routerPortTtlS?: number } = {},
+): Promise<{ ok: true; created: boolean } | { ok: false; reason: string }> {
+  const fresh = (await nft(["list", "set", "inet", fenceTable(spec.uid), "router_ports"])) !== null;
+  const failed = await nft(["-f", "-"], fenceRuleset(spec, { fresh, ...opts }));
+  return failed ? { ok: false, reason: failed } : { ok: true, created: fresh };
 }
 
 /**
- * Puts the fence in place and keeps it there: checked every `checkMs`, and put back when it is
+ * Puts the fence in place and keeps it there: renewed every `renewMs`, put back whole when it is
  * gone. Without nft (or root) it says so once and tenant code runs unfenced.
  */
-export async function keepTenantFence(spec: FenceSpec, logger: Logger, checkMs = FENCE_CHECK_MS): Promise<{ stop(): void }> {
+export async function keepTenantFence(spec: FenceSpec, logger: Logger, opts: { renewMs?: number; routerPortTtlS?: number } = {}): Promise<{ stop(): void }> {
   const table = fenceTable(spec.uid);
-  const put = await installTenantFence(spec);
+  const put = await installTenantFence(spec, opts);
   if (!put.ok) {
     logger.warn({ uid: spec.uid, reason: put.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
     return { stop: () => undefined };
   }
   logger.info({ uid: spec.uid, table, deniedNets: spec.deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
-  let checking = false;
+  let renewing = false;
   const timer = setInterval(() => {
-    if (checking) return;
-    checking = true;
-    void (async () => {
-      if ((await nft(["list", "table", "inet", table])) === null) return;
-      const again = await installTenantFence(spec);
-      if (again.ok) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
-      else logger.error({ table, reason: again.reason }, "the tenant fence is gone and could not be put back: tenant code can connect to the host's own services");
-    })().finally(() => (checking = false));
-  }, checkMs);
+    if (renewing) return;
+    renewing = true;
+    void installTenantFence(spec, opts)
+      .then((again) => {
+        if (!again.ok) logger.error({ table, reason: again.reason }, "the tenant fence could not be renewed: once gone, tenant code can connect to the host's own services");
+        else if (again.created) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
+      })
+      .finally(() => (renewing = false));
+  }, opts.renewMs ?? FENCE_RENEW_MS);
   timer.unref();
   return { stop: () => clearInterval(timer) };
 }

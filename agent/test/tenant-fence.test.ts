@@ -40,15 +40,19 @@ function connect(host: string, port: number): Promise<string> {
 
 describe("fenceRuleset", () => {
   it("names the tenant user's sockets only, opens the router's port and DNS on the host's addresses, and denies the networks given", () => {
-    const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] });
+    const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] }, { fresh: false });
     expect(rules).toContain("add table inet platform_tenant_61000");
-    expect(rules).toContain("add element inet platform_tenant_61000 open_ports { 53, 8480 }");
+    expect(rules).not.toContain("delete table");
+    expect(rules).toContain("add element inet platform_tenant_61000 router_ports { 53 }");
+    expect(rules).toContain("add element inet platform_tenant_61000 router_ports { 8480 timeout 300s }");
     expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 224.0.0.0/4, 255.255.255.255, 10.1.0.0/16 }");
     expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, ff00::/8, fd00::/8 }");
     expect(rules).toContain("add rule inet platform_tenant_61000 output meta skuid 61000 jump tenant");
-    // Rules and sets are replaced, not added to, when an agent puts the fence in place again.
+    // Rules are replaced, not added to, when an agent renews the fence; other agents' ports stay.
     expect(rules.indexOf("flush chain inet platform_tenant_61000 tenant")).toBeLessThan(rules.indexOf("add rule inet platform_tenant_61000 tenant"));
-    expect(rules.indexOf("flush set inet platform_tenant_61000 open_ports")).toBeLessThan(rules.indexOf("add element inet platform_tenant_61000 open_ports"));
+    expect(rules).not.toContain("flush set");
+    // A table made anew replaces one of an older layout.
+    expect(fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: [] }, { fresh: true }).startsWith("add table inet platform_tenant_61000\ndelete table inet platform_tenant_61000\n")).toBe(true);
   });
 });
 
@@ -67,19 +71,23 @@ const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem
 describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${skip ? ` (skipped: ${skip})` : ""}`, () => {
   let hostService: net.Server;
   let router: net.Server;
+  let otherRouter: net.Server;
   let earlierRouter: net.Server;
   let udp: dgram.Socket;
   beforeAll(async () => {
-    [hostService, router, earlierRouter] = await Promise.all([listen(), listen(), listen()]);
+    [hostService, router, otherRouter, earlierRouter] = await Promise.all([listen(), listen(), listen(), listen()]);
     udp = dgram.createSocket("udp4");
     await new Promise<void>((resolve) => udp.bind(0, "0.0.0.0", resolve));
-    // Put in place again (an agent restarted with another router port): nothing of the earlier one stays open.
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(earlierRouter)], deniedNets: ["198.51.100.0/24"] })).toEqual({ ok: true });
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true });
+    // An agent that stopped renewing its router's port (it stopped, or moved the router)...
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(earlierRouter)], deniedNets: ["198.51.100.0/24"] }, { routerPortTtlS: 1 })).toMatchObject({ ok: true });
+    // ...and two agents of one host with the same tenant user: each keeps its own open.
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true, created: false });
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(otherRouter)], deniedNets: [] })).toEqual({ ok: true, created: false });
+    await new Promise((r) => setTimeout(r, 1500));
   });
   afterAll(async () => {
     udp?.close();
-    await Promise.all([hostService, router, earlierRouter].map((s) => new Promise((r) => s?.close(r))));
+    await Promise.all([hostService, router, otherRouter, earlierRouter].map((s) => new Promise((r) => s?.close(r))));
     await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]).catch(() => undefined);
   });
 
@@ -105,11 +113,21 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     const seen = await fromTenantCode({
       hostService: ["127.0.0.1", portOf(hostService)],
       router: ["127.0.0.1", portOf(router)],
+      otherRouter: ["127.0.0.1", portOf(otherRouter)],
       earlierRouter: ["127.0.0.1", portOf(earlierRouter)],
       denied: ["192.0.2.1", 80],
+      earlierDenied: ["198.51.100.1", 80],
       metadata: ["169.254.169.254", 80],
     });
-    expect(seen).toEqual({ hostService: "ECONNREFUSED", router: "connected", earlierRouter: "ECONNREFUSED", denied: "ECONNREFUSED", metadata: "ECONNREFUSED" });
+    expect(seen).toEqual({
+      hostService: "ECONNREFUSED",
+      router: "connected",
+      otherRouter: "connected",
+      earlierRouter: "ECONNREFUSED",
+      denied: "ECONNREFUSED",
+      earlierDenied: "ECONNREFUSED",
+      metadata: "ECONNREFUSED",
+    });
     // The agent's own user is not fenced.
     expect(await connect("127.0.0.1", portOf(hostService))).toBe("connected");
   });
@@ -138,7 +156,7 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
 
   it("is put back when it is gone (a firewall reload flushes the ruleset)", async () => {
     const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
-    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: [] }, logger, 100);
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: [] }, logger, { renewMs: 100 });
     try {
       await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]);
       await expect.poll(async () => (await fromTenantCode({ hostService: ["127.0.0.1", portOf(hostService)] })).hostService, { timeout: 5_000 }).toBe("ECONNREFUSED");
