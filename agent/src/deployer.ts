@@ -17,7 +17,6 @@
  * old one never stopped serving. Each step is written to the host state first, so an agent that
  * restarts mid-deploy finishes (swap committed) or cleans up (not committed) from that record.
  */
-import { spawn } from "node:child_process";
 import { mkdir, rename, rm, stat } from "node:fs/promises";
 import http from "node:http";
 import net from "node:net";
@@ -29,6 +28,7 @@ import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
 import type { Colour, ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import { describeExit, type Supervisor } from "./supervisor.ts";
 import { errorText } from "./error-text.ts";
+import { runQuietly } from "./quiet-command.ts";
 import { pruneImages, pruneReleases } from "./retention.ts";
 
 export const CRASH_TAIL_LINES = 30;
@@ -135,16 +135,6 @@ class DeployFailure extends Error {
 }
 class DeployCancelled extends Error {}
 
-function run(cmd: string, args: string[]): Promise<{ code: number | null; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "ignore", "pipe"] });
-    let stderr = "";
-    child.stderr.on("data", (c: Buffer) => (stderr += c.toString("utf8")));
-    child.once("error", reject);
-    child.once("close", (code) => resolve({ code, stderr }));
-  });
-}
-
 export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer();
@@ -249,8 +239,8 @@ export class Deployer {
     const tmp = `${dir}.unpack-${process.pid}`;
     await rm(tmp, { recursive: true, force: true });
     await mkdir(tmp, { recursive: true });
-    const tar = await run("tar", ["-xzf", image, "-C", tmp]);
-    if (tar.code !== 0) throw new DeployFailure(`Unpacking the image ${job.app_name}:${tag} failed: ${tar.stderr.trim().slice(0, 300)}`);
+    const tar = await runQuietly("tar", ["-xzf", image, "-C", tmp]);
+    if (tar.code !== 0) throw new DeployFailure(`Unpacking the image ${job.app_name}:${tag} failed: ${tar.stderr.slice(0, 300)}`);
     await rename(tmp, dir);
     return dir;
   }

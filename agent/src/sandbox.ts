@@ -18,12 +18,12 @@
  * needs) tenant code runs unsandboxed, and without setpriv as the agent's user; the agent says so
  * in its log.
  */
-import { spawn } from "node:child_process";
 import { constants, rmSync } from "node:fs";
 import { access, chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
+import { endedWith, runQuietly } from "./quiet-command.ts";
 import { userNamespaceFilter } from "./seccomp.ts";
 
 const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
@@ -83,17 +83,11 @@ function writeSeccompFilter(): Promise<string | null> {
 }
 
 /** Runs bubblewrap with `args`; null when it exited 0, else what went wrong. */
-function tryBwrap(bwrap: string, seccomp: string | null, args: string[]): Promise<string | null> {
-  return new Promise((resolve) => {
-    const [file, ...rest] = launch(bwrap, seccomp, args);
-    const child = spawn(file!, rest, { stdio: ["ignore", "ignore", "pipe"], timeout: 10_000 });
-    let stderr = "";
-    child.stderr.on("data", (chunk: Buffer) => {
-      if (stderr.length < 2000) stderr += chunk.toString("utf8");
-    });
-    child.once("error", (err) => resolve(`bwrap could not be run: ${err.message}`));
-    child.once("close", (code, signal) => resolve(code === 0 ? null : `bwrap failed here (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}`));
-  });
+async function tryBwrap(bwrap: string, seccomp: string | null, args: string[]): Promise<string | null> {
+  const [file, ...rest] = launch(bwrap, seccomp, args);
+  const ran = await runQuietly(file!, rest, { timeoutMs: 10_000 }).catch((err: Error) => err);
+  if (ran instanceof Error) return `bwrap could not be run: ${ran.message}`;
+  return ran.code === 0 ? null : `bwrap failed here (${endedWith(ran)}): ${ran.stderr || "no output"}`;
 }
 
 /**
@@ -317,15 +311,8 @@ export class Sandbox {
       else trees.push(p);
     }
     if (trees.length === 0) return;
-    await new Promise<void>((resolve, reject) => {
-      const child = spawn("chown", ["-R", "-h", "-P", `${runAs.uid}:${runAs.gid}`, "--", ...trees], { stdio: ["ignore", "ignore", "pipe"] });
-      let stderr = "";
-      child.stderr.on("data", (chunk: Buffer) => {
-        if (stderr.length < 2000) stderr += chunk.toString("utf8");
-      });
-      child.once("error", reject);
-      child.once("close", (code) => (code === 0 ? resolve() : reject(new Error(`chown failed (exit code ${code}): ${stderr.trim()}`))));
-    });
+    const chown = await runQuietly("chown", ["-R", "-h", "-P", `${runAs.uid}:${runAs.gid}`, "--", ...trees]);
+    if (chown.code !== 0) throw new Error(`chown failed (${endedWith(chown)}): ${chown.stderr}`);
   }
 
   /**

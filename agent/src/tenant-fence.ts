@@ -19,13 +19,13 @@
  * are replaced in one transaction. A firewall reload flushes the host's ruleset: the renewal puts
  * the whole table back.
  */
-import { spawn } from "node:child_process";
 import { constants } from "node:fs";
 import { access } from "node:fs/promises";
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
+import { endedWith, runQuietly } from "./quiet-command.ts";
 
 /** Ports tenant code may connect to on the host's own addresses besides the routers': DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
@@ -108,21 +108,12 @@ async function findNft(): Promise<string | null> {
 }
 
 /** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
-async function nft(args: string[], input = ""): Promise<string | null> {
+async function nft(args: string[], input?: string): Promise<string | null> {
   const bin = await findNft();
   if (!bin) return "nft (nftables) is not installed";
-  return new Promise((resolve) => {
-    const child = spawn(bin, args, { stdio: ["pipe", "ignore", "pipe"], timeout: 10_000 });
-    let stderr = "";
-    child.stderr.on("data", (chunk: Buffer) => {
-      if (stderr.length < 2000) stderr += chunk.toString("utf8");
-    });
-    child.once("error", (err) => resolve(`nft could not be run: ${err.message}`));
-    child.once("close", (code, signal) => resolve(code === 0 ? null : `nft failed (${signal ?? `exit code ${code}`}): ${stderr.trim() || "no output"}`));
-    // An nft that exits before reading all of it closes the pipe: its exit code tells why.
-    child.stdin.on("error", () => undefined);
-    child.stdin.end(input);
-  });
+  const ran = await runQuietly(bin, args, { input, timeoutMs: 10_000 }).catch((err: Error) => err);
+  if (ran instanceof Error) return `nft could not be run: ${ran.message}`;
+  return ran.code === 0 ? null : `nft failed (${endedWith(ran)}): ${ran.stderr || "no output"}`;
 }
 
 /**

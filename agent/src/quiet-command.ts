@@ -1,0 +1,37 @@
+/**
+ * A command the agent runs to its end for its exit status alone (tar, chown, nft, a bubblewrap
+ * probe): no output is wanted but the start of its stderr, which says why it failed.
+ */
+import { spawn } from "node:child_process";
+
+const STDERR_KEPT = 2000;
+
+export interface QuietOutcome {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** The start of its stderr, trimmed. */
+  stderr: string;
+}
+
+/** Runs `file args` (with `input` on its stdin); rejects only when it could not be started. */
+export function runQuietly(file: string, args: string[], opts: { input?: string; timeoutMs?: number } = {}): Promise<QuietOutcome> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: [opts.input === undefined ? "ignore" : "pipe", "ignore", "pipe"], timeout: opts.timeoutMs });
+    let stderr = "";
+    child.stderr!.on("data", (chunk: Buffer) => {
+      if (stderr.length < STDERR_KEPT) stderr += chunk.toString("utf8");
+    });
+    child.once("error", reject);
+    child.once("close", (code, signal) => resolve({ code, signal, stderr: stderr.trim() }));
+    if (opts.input !== undefined) {
+      // A command that exits before reading all of its input closes the pipe: its exit status says why.
+      child.stdin!.on("error", () => undefined);
+      child.stdin!.end(opts.input);
+    }
+  });
+}
+
+/** How a command that failed ended: `exit code 1`, or the signal that killed it. */
+export function endedWith(outcome: QuietOutcome): string {
+  return outcome.signal ?? `exit code ${outcome.code}`;
+}
