@@ -1,9 +1,13 @@
 /**
- * The seccomp filter of the sandbox (sandbox.ts): tenant code may not create user namespaces.
- * Inside one it would be root again, with the kernel's whole user-namespace surface to probe;
- * nothing an app or a build needs lives there. `unshare` and `clone` with CLONE_NEWUSER fail with
- * EPERM; `clone3`, whose flags a filter cannot read, answers ENOSYS, on which the C library falls
- * back to `clone` (Docker's default profile does the same). Everything else is allowed.
+ * The seccomp filter of the sandbox (sandbox.ts). Everything is allowed but:
+ * - user namespaces: inside one tenant code would be root again, with the kernel's whole
+ *   user-namespace surface to probe, and nothing an app or a build needs lives there. `unshare`
+ *   and `clone` with CLONE_NEWUSER fail with EPERM; `clone3`, whose flags a filter cannot read,
+ *   answers ENOSYS, on which the C library falls back to `clone` (Docker's default profile does
+ *   the same);
+ * - SO_REUSEPORT: the kernel lets sockets of one user share a port, and every tenant runs as the
+ *   one tenant user, so another tenant could take a share of an app's connections. Setting it
+ *   fails with EPERM.
  *
  * A classic BPF program, as bubblewrap's `--seccomp` reads it: for x86-64 (and its i386 and x32
  * system calls, which a process there can also make) and arm64.
@@ -20,28 +24,33 @@ const RET_ERRNO = 0x00050000;
 const EPERM = 1;
 const ENOSYS = 38;
 const CLONE_NEWUSER = 0x10000000;
+const SOL_SOCKET = 1;
+const SO_REUSEPORT = 15;
 /** x32 system calls on x86-64 carry this bit: refused, not told apart. */
 const X32_SYSCALL_BIT = 0x40000000;
 
 /** Offsets in struct seccomp_data. */
 const NR = 0;
 const ARCH = 4;
-/** The low 32 bits of the first argument (little-endian): the flags of unshare and clone. */
+/** The low 32 bits of the arguments (little-endian): the flags of unshare and clone, setsockopt's level and name. */
 const ARG0_LOW = 16;
+const ARG1_LOW = 24;
+const ARG2_LOW = 32;
 
 interface ArchCalls {
   audit: number;
   unshare: number;
   clone: number;
   clone3: number;
+  setsockopt: number;
 }
 
 const ARCHES: Record<string, ArchCalls[]> = {
   x64: [
-    { audit: 0xc000003e, unshare: 272, clone: 56, clone3: 435 },
-    { audit: 0x40000003, unshare: 310, clone: 120, clone3: 435 },
+    { audit: 0xc000003e, unshare: 272, clone: 56, clone3: 435, setsockopt: 54 },
+    { audit: 0x40000003, unshare: 310, clone: 120, clone3: 435, setsockopt: 366 },
   ],
-  arm64: [{ audit: 0xc00000b7, unshare: 97, clone: 220, clone3: 435 }],
+  arm64: [{ audit: 0xc00000b7, unshare: 97, clone: 220, clone3: 435, setsockopt: 208 }],
 };
 
 type Insn = { code: number; k: number; jt?: string; jf?: string } | { label: string };
@@ -62,6 +71,7 @@ export function userNamespaceFilter(arch: string = process.arch): Buffer | null 
       { code: JEQ_K, k: a.unshare, jt: "flags" },
       { code: JEQ_K, k: a.clone, jt: "flags" },
       { code: JEQ_K, k: a.clone3, jt: "enosys" },
+      { code: JEQ_K, k: a.setsockopt, jt: "sockopt" },
       { code: RET_K, k: RET_ALLOW },
     );
   });
@@ -69,6 +79,13 @@ export function userNamespaceFilter(arch: string = process.arch): Buffer | null 
     { label: "flags" },
     { code: LD_W_ABS, k: ARG0_LOW },
     { code: JSET_K, k: CLONE_NEWUSER, jt: "eperm" },
+    { code: RET_K, k: RET_ALLOW },
+    { label: "sockopt" },
+    { code: LD_W_ABS, k: ARG1_LOW },
+    { code: JEQ_K, k: SOL_SOCKET, jf: "allow" },
+    { code: LD_W_ABS, k: ARG2_LOW },
+    { code: JEQ_K, k: SO_REUSEPORT, jt: "eperm" },
+    { label: "allow" },
     { code: RET_K, k: RET_ALLOW },
     { label: "eperm" },
     { code: RET_K, k: RET_ERRNO | EPERM },

@@ -91,7 +91,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         s.on("error", (e) => resolve(e.code));
       });
       const status = fs.readFileSync("/proc/self/status", "utf8");
-      connect(${JSON.stringify(path.join(dir, "daemon.sock"))}).then((socket) => console.log(JSON.stringify({
+      connect(${JSON.stringify(path.join(dir, "daemon.sock"))}).then(async (socket) => console.log(JSON.stringify({
         uid: process.getuid(),
         gid: process.getgid(),
         groups: process.getgroups().join(","),
@@ -105,6 +105,8 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         shm: attempt(() => { fs.writeFileSync("/dev/shm/scratch", "ok"); return fs.readFileSync("/dev/shm/scratch", "utf8"); }),
         userNamespace: require("node:child_process").spawnSync("unshare", ["-Ur", "true"], { encoding: "utf8" }).stderr.trim(),
         spawns: require("node:child_process").spawnSync("echo", ["yes"], { encoding: "utf8" }).stdout.trim(),
+        reusePort: await new Promise((resolve) => { const s = net.createServer().once("error", (e) => resolve(e.code)); s.listen({ port: 0, host: "127.0.0.1", reusePort: true }, () => s.close(() => resolve("listening"))); }),
+        plainListen: await new Promise((resolve) => { const s = net.createServer().once("error", (e) => resolve(e.code)); s.listen({ port: 0, host: "127.0.0.1" }, () => s.close(() => resolve("listening"))); }),
         dir: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "secrets"))}).join(",")),
         file: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "token"))}, "utf8")),
         visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
@@ -129,6 +131,8 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
       shm: "ok",
       userNamespace: expect.stringMatching(/Operation not permitted/),
       spawns: "yes",
+      reusePort: "EPERM",
+      plainListen: "listening",
       dir: "",
       file: "EACCES",
       visible: "shown",
