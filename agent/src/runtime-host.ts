@@ -98,9 +98,12 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     driver,
     logger: o.logger,
     // Any process of the host may listen on a crashed replica's free port (a tenant's, to take its
-    // traffic): a replica whose port was taken restarts on another, and the route follows it.
-    beforeRestart: async (spec) => {
-      if (spec.port === null || !routesKeeper || (await portIsFree(spec.port))) return spec;
+    // requests): the replica comes back on another, which the route names from the crash on (no
+    // one can know it in advance), and on yet another if that one was taken before the restart.
+    relocate: async (spec, when) => {
+      if (spec.port === null || !routesKeeper) return spec;
+      if (when === "crashed") return routesKeeper.moveReplica(spec, await freePort());
+      if (await portIsFree(spec.port)) return spec;
       const moved = await routesKeeper.moveReplica(spec, await freePort());
       o.ship({
         source: "agent",

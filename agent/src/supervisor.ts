@@ -30,8 +30,11 @@ export interface SupervisorEvent {
 export interface SupervisorOptions {
   driver: RuntimeDriver;
   onEvent: (event: SupervisorEvent) => void;
-  /** Before each restart: the spec to start the replica with (moved to another port, say); absent, the same. */
-  beforeRestart?: (spec: ReplicaSpec) => Promise<ReplicaSpec>;
+  /**
+   * Where a crashed replica comes back (another port, say): asked when the crash is seen
+   * (`crashed`) and again just before each restart (`restart`). Absent: where it was.
+   */
+  relocate?: (spec: ReplicaSpec, when: "crashed" | "restart") => Promise<ReplicaSpec>;
   logger?: Logger;
 }
 
@@ -45,6 +48,8 @@ interface Desired {
    * same exit may come after the restart has begun, and is not a second crash.
    */
   handledRun: number | null;
+  /** The relocation asked for at the crash, which the restart waits for. */
+  relocating: Promise<void> | null;
 }
 
 /** How a replica ended, as its log lines and error messages say it. */
@@ -62,7 +67,7 @@ export function describeExit(exit: ExitInfo | null): string {
 export class Supervisor {
   readonly #driver: RuntimeDriver;
   readonly #onEvent: (event: SupervisorEvent) => void;
-  readonly #beforeRestart: ((spec: ReplicaSpec) => Promise<ReplicaSpec>) | undefined;
+  readonly #relocate: SupervisorOptions["relocate"];
   readonly #logger: Logger | undefined;
   readonly #desired = new Map<string, Desired>();
   #closed = false;
@@ -70,7 +75,7 @@ export class Supervisor {
   constructor(opts: SupervisorOptions) {
     this.#driver = opts.driver;
     this.#onEvent = opts.onEvent;
-    this.#beforeRestart = opts.beforeRestart;
+    this.#relocate = opts.relocate;
     this.#logger = opts.logger;
     opts.driver.onExit((state) => this.#exited(state));
   }
@@ -82,7 +87,7 @@ export class Supervisor {
   desire(spec: ReplicaSpec): void {
     const previous = this.#desired.get(spec.id);
     if (previous?.timer) clearTimeout(previous.timer);
-    const entry: Desired = { spec, failures: 0, timer: null, handledRun: null };
+    const entry: Desired = { spec, failures: 0, timer: null, handledRun: null, relocating: null };
     this.#desired.set(spec.id, entry);
     const state = this.#driver.list().find((r) => r.spec.id === spec.id);
     if (state && !state.running && !this.#closed) {
@@ -120,6 +125,14 @@ export class Supervisor {
     const delay = this.#retryIn(entry);
     this.#emit(entry.spec, state.exit?.oomKilled ? "oom_killed" : "crashed", state.exit, `Replica ${state.spec.id} ${describeExit(state.exit)}; restarting in ${delay / 1000} s.`);
     this.#schedule(entry, delay, state.exit);
+    const relocate = this.#relocate;
+    if (!relocate) return;
+    entry.relocating = relocate(entry.spec, "crashed")
+      .then((spec) => {
+        if (this.#current(entry)) entry.spec = spec;
+      })
+      .catch((err: unknown) => this.#logger?.warn({ err, replica: entry.spec.id }, "a crashed replica could not be given another port; it restarts on its own"))
+      .finally(() => (entry.relocating = null));
   }
 
   #retryIn(entry: Desired): number {
@@ -136,12 +149,13 @@ export class Supervisor {
   async #restart(entry: Desired, exit: ExitInfo | null): Promise<void> {
     entry.timer = null;
     if (!this.#current(entry)) return;
+    await entry.relocating;
     let { spec } = entry;
     // Started meanwhile (by whoever saw the exit first): nothing to do.
     if (this.#driver.list().some((r) => r.spec.id === spec.id && r.running)) return;
     try {
-      if (this.#beforeRestart) {
-        spec = await this.#beforeRestart(spec);
+      if (this.#relocate) {
+        spec = await this.#relocate(spec, "restart");
         if (!this.#current(entry)) return;
         entry.spec = spec;
       }
