@@ -17,6 +17,7 @@ import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, typ
 import { HostState, routeOf, type DeployedApp } from "../src/host-state.ts";
 import { CaddyRouter, NO_REPLICA_BODY, routeId } from "../src/router.ts";
 import { startRuntimeHost, type RuntimeHostOptions } from "../src/runtime-host.ts";
+import { ProcessDriver } from "../src/runtime/process.ts";
 import type { ReplicaSpec } from "../src/runtime/types.ts";
 
 const logger = createLogger({ service: "agent-runtime-host-test", level: "silent", pretty: false });
@@ -177,7 +178,8 @@ it("moves a crashed replica to another port at once, and again when that one is 
   );
   const [port] = (await freePorts(1)) as [number];
   const spec: ReplicaSpec = {
-    id: "g.moved.main.web.blue.0.main-1.d-2",
+    // Its own id each run: a replica another run left behind keeps its cgroup of that name.
+    id: `g.moved.main.web.blue.0.main-1.${uniquePrefix("d")}`,
     group: "g",
     app: "moved",
     branch: "main",
@@ -232,6 +234,13 @@ it("moves a crashed replica to another port at once, and again when that one is 
   } finally {
     await new Promise((r) => squatter.close(r));
     await host.close();
+    // Replicas outlive the agent: this test's goes with it.
+    const cleaner = new ProcessDriver({ runDir });
+    for (const r of await cleaner.adopt()) {
+      await cleaner.stop(r.spec.id, 500);
+      await cleaner.remove(r.spec.id);
+    }
+    await cleaner.close();
   }
 });
 

@@ -489,10 +489,14 @@ describe("ProcessDriver limits", () => {
     await writeFile(path.join(releaseDir, "own-file"), "mine");
     const spec = makeSpec(nodeCommand(script), { port, env: { PORT: String(port) } });
     await driver.start(spec);
-    expect(JSON.parse(await get(port))).toEqual({ secret: "ENOENT", state: "ENOENT", own: "mine", home: true });
-    await driver.stop(spec.id, 1000);
-    await driver.remove(spec.id);
-    await rm(base, { recursive: true, force: true });
+    try {
+      expect(JSON.parse(await get(port))).toEqual({ secret: "ENOENT", state: "ENOENT", own: "mine", home: true });
+    } finally {
+      // Its own run directory, which the cleaner after each test does not look in.
+      await driver.stop(spec.id, 1000);
+      await driver.remove(spec.id);
+      await rm(base, { recursive: true, force: true });
+    }
   });
 });
 
