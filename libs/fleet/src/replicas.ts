@@ -8,7 +8,7 @@ import { sleep } from "./exec.ts";
 
 /**
  * Stops every replica recorded under `<runDir>/replicas/<id>/replica.json` (its pid leads its own
- * process group) and removes its memory cgroup; returns how many were still running.
+ * process group) and removes its cgroups; returns how many were still running.
  */
 export async function stopReplicas(runDir: string): Promise<number> {
   const dir = path.join(runDir, "replicas");
@@ -17,8 +17,13 @@ export async function stopReplicas(runDir: string): Promise<number> {
   const cgroups: string[] = [];
   for (const id of ids) {
     try {
-      const { pid, cgroup } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as { pid?: number; cgroup?: string | null };
-      if (cgroup) cgroups.push(cgroup);
+      const { pid, cgroup, pidsCgroup } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as {
+        pid?: number;
+        cgroup?: string | null;
+        pidsCgroup?: string | null;
+      };
+      // Memory and pids: one cgroup on cgroup v2, two on v1.
+      for (const c of new Set([cgroup, pidsCgroup])) if (c) cgroups.push(c);
       if (typeof pid === "number" && pid > 1) {
         process.kill(-pid, "SIGKILL");
         stopped++;
