@@ -78,7 +78,12 @@ describe("every Postgres connection of the fleet killed", () => {
     const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
     expect(b.status).toBe(202);
     expect(await deployedTag(t, b.body.tag)).toMatchObject({ status: "completed", error_message: null });
-    const app = (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body;
+    // The app row learns of the deploy from the queue's events, a moment after the deployment row.
+    const app = await waitFor(
+      async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body,
+      (a) => a.running_version === b.body.tag,
+      30_000,
+    );
     expect(app).toMatchObject({ running_version: b.body.tag, last_build_status: "completed" });
     expect(await viaRouter(app.urls[0])).toMatchObject({ status: 200, body: "hello again from node-web (/)\n" });
     await waitFor(
