@@ -14,6 +14,7 @@ import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
+import { DEFAULT_PATH } from "./quiet-command.ts";
 import type { Sandbox } from "./sandbox.ts";
 import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
 
@@ -289,7 +290,7 @@ async function withLimits<R>(deps: BuildDeps, name: string, argv: string[], run:
 function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
   return {
     // The node the agent runs on first, as for replicas: a build and its service run the same one.
-    PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin"}`,
+    PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? DEFAULT_PATH}`,
     HOME: home,
     LANG: "C.UTF-8",
     CI: "true",

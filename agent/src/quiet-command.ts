@@ -1,8 +1,25 @@
 /**
- * A command the agent runs to its end for its exit status alone (tar, chown, nft, a bubblewrap
- * probe): no output is wanted but the start of its stderr, which says why it failed.
+ * Programs of the host the agent runs: where one is found (findOnPath), and a command run to its
+ * end for its exit status alone (tar, chown, nft, a bubblewrap probe), of whose output only the
+ * start of its stderr is kept, to say why it failed.
  */
 import { spawn } from "node:child_process";
+import { constants } from "node:fs";
+import { access } from "node:fs/promises";
+import path from "node:path";
+
+/** The PATH of a process whose environment has none. */
+export const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
+
+/** The executable `name` in the first directory of `pathVar` (a PATH; the agent's own by default) that has it. */
+export async function findOnPath(name: string, pathVar: string = process.env.PATH ?? DEFAULT_PATH): Promise<string | null> {
+  for (const dir of pathVar.split(":")) {
+    if (!path.isAbsolute(dir)) continue;
+    const file = path.join(dir, name);
+    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
+  }
+  return null;
+}
 
 const STDERR_KEPT = 2000;
 

@@ -18,15 +18,13 @@
  * needs) tenant code runs unsandboxed, and without setpriv as the agent's user; the agent says so
  * in its log.
  */
-import { constants, rmSync } from "node:fs";
-import { access, chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } from "node:fs/promises";
+import { rmSync } from "node:fs";
+import { chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
-import { endedWith, runQuietly } from "./quiet-command.ts";
+import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
 import { userNamespaceFilter } from "./seccomp.ts";
-
-const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
 
 /** The unprivileged user tenant code runs as. */
 export interface TenantUser {
@@ -48,15 +46,6 @@ export interface SandboxUser {
 export type SandboxProbe =
   | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string }
   | { ok: false; reason: string };
-
-async function findOnPath(name: string): Promise<string | null> {
-  for (const dir of (process.env.PATH ?? DEFAULT_PATH).split(":")) {
-    if (!dir) continue;
-    const file = path.join(dir, name);
-    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
-  }
-  return null;
-}
 
 /**
  * The command line that starts bubblewrap with `args`. With a seccomp filter, a shell first opens

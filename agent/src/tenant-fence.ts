@@ -19,13 +19,10 @@
  * are replaced in one transaction. A firewall reload flushes the host's ruleset: the renewal puts
  * the whole table back.
  */
-import { constants } from "node:fs";
-import { access } from "node:fs/promises";
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
-import path from "node:path";
 import type { Logger } from "@platform/logger";
-import { endedWith, runQuietly } from "./quiet-command.ts";
+import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
 
 /** Ports tenant code may connect to on the host's own addresses besides the routers': DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
@@ -97,19 +94,10 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; routerPort
   ].join("\n");
 }
 
-async function findNft(): Promise<string | null> {
-  // nft lives in sbin, which a service's PATH may lack.
-  for (const dir of [...(process.env.PATH ?? "").split(":"), "/usr/sbin", "/sbin"]) {
-    if (!dir) continue;
-    const file = path.join(dir, "nft");
-    if (await access(file, constants.X_OK).then(() => true, () => false)) return file;
-  }
-  return null;
-}
-
 /** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
 async function nft(args: string[], input?: string): Promise<string | null> {
-  const bin = await findNft();
+  // nft lives in sbin, which a service's PATH may lack.
+  const bin = await findOnPath("nft", `${process.env.PATH ?? ""}:/usr/sbin:/sbin`);
   if (!bin) return "nft (nftables) is not installed";
   const ran = await runQuietly(bin, args, { input, timeoutMs: 10_000 }).catch((err: Error) => err);
   if (ran instanceof Error) return `nft could not be run: ${ran.message}`;

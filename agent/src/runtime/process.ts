@@ -9,12 +9,13 @@
  * neither lost nor reported twice.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { constants, watch, type FSWatcher } from "node:fs";
-import { access, appendFile, mkdir, open, readdir, readFile, rename, rm, stat, truncate, writeFile } from "node:fs/promises";
+import { watch, type FSWatcher } from "node:fs";
+import { appendFile, mkdir, open, readdir, readFile, rename, rm, stat, truncate, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, RuntimeDriver } from "./types.ts";
 import { errorText } from "../error-text.ts";
+import { DEFAULT_PATH, findOnPath } from "../quiet-command.ts";
 import { Sandbox, type TenantUser } from "../sandbox.ts";
 import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, probeCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
 
@@ -56,7 +57,6 @@ const KILL_WAIT_MS = 10_000;
 const REMOVE_GRACE_MS = 10_000;
 /** The exit event of an own child follows the disappearance of its process group by milliseconds. */
 const LEADER_EXIT_WAIT_MS = 2_000;
-const DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin";
 const HTTP_CLIENTS = ["curl", "python3", "node"] as const;
 
 /**
@@ -64,12 +64,7 @@ const HTTP_CLIENTS = ["curl", "python3", "node"] as const;
  * only, in the sandbox), so looking on the host is looking where it would.
  */
 export async function probeHttpClient(pathVar: string): Promise<HttpClient> {
-  const dirs = pathVar.split(":").filter((d) => path.isAbsolute(d));
-  for (const name of HTTP_CLIENTS) {
-    for (const dir of dirs) {
-      if (await access(path.join(dir, name), constants.X_OK).then(() => true, () => false)) return name;
-    }
-  }
+  for (const name of HTTP_CLIENTS) if (await findOnPath(name, pathVar)) return name;
   return "none";
 }
 
