@@ -796,11 +796,10 @@ export class Deployer {
     return { status: "completed", error_message: "", result: { phases: { reconcile: message } } };
   }
 
-  /** After an agent start: the router gets the whole table again from the host state. */
   /**
-   * A replica restarted on another port (its own was taken while it was down): the host state
-   * names the new port, and so does the route, now or at the next routing check when the router
-   * does not answer.
+   * A crashed replica comes back on another port (runtime-host's relocate): the host state names
+   * the new port, and so does the route, now or at the next routing check when the router does
+   * not answer.
    */
   async moveReplica(spec: ReplicaSpec, port: number): Promise<ReplicaSpec> {
     const moved: ReplicaSpec = { ...spec, port, env: { ...spec.env, PORT: String(port) } };
@@ -823,6 +822,7 @@ export class Deployer {
     return moved;
   }
 
+  /** After an agent start: the router gets the whole table again from the host state. */
   async reassertRoutes(): Promise<void> {
     await this.#d.routingTableLock.run(() => this.#d.router.assertAll(this.#routingTable()));
   }
