@@ -22,6 +22,7 @@ import http from "node:http";
 import net from "node:net";
 import path from "node:path";
 import { checkAppConfig, normalizeAppConfig, type NormalizedServiceConfig } from "@platform/app-config";
+import { freePort } from "@platform/fleet";
 import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState, type InflightDeploy } from "./host-state.ts";
 import type { Mutex } from "./mutex.ts";
 import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
@@ -135,20 +136,10 @@ class DeployFailure extends Error {
 }
 class DeployCancelled extends Error {}
 
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
 /**
  * Whether nothing listens on `port`, on any address of either family: a process that took the
- * port of a replica while it was down listens on one of them.
+ * port of a replica while it was down listens on one of them. Unlike isPortFree (@platform/fleet),
+ * a family the host lacks counts as free.
  */
 export async function portIsFree(port: number): Promise<boolean> {
   const tryOn = (host: string) =>
