@@ -13,8 +13,6 @@ import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promis
 import path from "node:path";
 import { errorText } from "./error-text.ts";
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
 export type Controller = "memory" | "pids";
 
 /** Where a controller's limited cgroups are made: the agent's own cgroup in its hierarchy. */
@@ -190,20 +188,8 @@ export async function oomKillCount(dir: string): Promise<number> {
   return Number(failcnt.trim()) || 0;
 }
 
-export async function removeCgroup(dir: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await rmdir(dir);
-      return;
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === "ENOENT") return;
-      // A process that has just been killed can hold the cgroup for a moment.
-      if (code !== "EBUSY" || attempt >= 20) throw err;
-      await sleep(100);
-    }
-  }
-}
+// One removal for the agent and for what stops a fleet's replicas (test fleets, npm run reset).
+export { removeCgroup } from "@platform/fleet";
 
 /**
  * Removes the cgroups `platform-<prefix>*` under `parent` that hold no process and were made over

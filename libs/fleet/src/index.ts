@@ -32,6 +32,6 @@ export {
 } from "./fleet.ts";
 export { adminSocketUrl, caddyAdmin, startCaddy, probeCaddy, type StartCaddyOptions, type StartedCaddy } from "./caddy.ts";
 export { freePort, freePorts, isPortFree } from "./ports.ts";
-export { stopReplicas } from "./replicas.ts";
+export { removeCgroup, stopReplicas } from "./replicas.ts";
 export { loadOrCreateRootKey, generateRootKey, internalToken, rootKeyFile, ROOT_KEY_PATTERN } from "./root-key.ts";
 export { REPO_ROOT, DEFAULT_DATA_DIR, DEFAULT_DATABASE_URL, DEFAULT_NATS_URL, redactUrl } from "./paths.ts";

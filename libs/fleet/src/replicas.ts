@@ -32,13 +32,22 @@ export async function stopReplicas(runDir: string): Promise<number> {
       // Gone already, or never started: nothing to stop.
     }
   }
-  for (const cgroup of cgroups) {
-    // A process just killed holds its cgroup for a moment.
-    for (let attempt = 0; attempt < 20; attempt++) {
-      const code = await rmdir(cgroup).then(() => null, (err: NodeJS.ErrnoException) => err.code);
-      if (code !== "EBUSY") break;
+  for (const cgroup of cgroups) await removeCgroup(cgroup).catch(() => undefined);
+  return stopped;
+}
+
+/** Removes a replica's (or a build's) cgroup; one already gone is fine. */
+export async function removeCgroup(dir: string): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await rmdir(dir);
+      return;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "ENOENT") return;
+      // A process that has just been killed can hold the cgroup for a moment.
+      if (code !== "EBUSY" || attempt >= 20) throw err;
       await sleep(100);
     }
   }
-  return stopped;
 }
