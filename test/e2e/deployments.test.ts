@@ -541,9 +541,14 @@ describe("a renamed group", () => {
 describe("undeploy", () => {
   it("takes the route away and clears the running fields", async () => {
     const url = (await getApp()).urls[0] as string;
-    const r = await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} });
+    // Asked twice at once: one undeploy is queued, and both answers name it.
+    const [r, again] = await Promise.all([0, 1].map(() => call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })));
     expect(r.status).toBe(202);
     expect(r.body).toMatchObject({ app_name: APP, branch: "main", status: "queued", purge: false });
+    expect(again).toMatchObject({ status: 202, body: { action_id: r.body.action_id, purge: false } });
+    const queue = (await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true&limit=500`, { credential: acme })).body as Array<{ action_id: string; action_type: string; created_at: string }>;
+    const since = queue.find((a) => a.action_id === r.body.action_id)!.created_at;
+    expect(queue.filter((a) => a.action_type === "UNDEPLOY" && a.created_at >= since).map((a) => a.action_id)).toEqual([r.body.action_id]);
     await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
     expect(await getApp()).toMatchObject({ running_version: null, running_since: null, running_build_id: null, deploy_warning: null, urls: [], services: [{ name: "web", url: null }] });
     expect((await viaRouter(`${url}/`)).status).toBe(404);

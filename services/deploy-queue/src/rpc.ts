@@ -14,7 +14,7 @@ import { cancelAction, cancelBeforeIntake, type UntakenBuild } from "./domain/ca
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
-import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, lockedRetryTarget, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
+import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, lockedRetryTarget, pendingUndeploy, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
 import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, lockScaleTarget, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import { checkPlacementPlan, type Dispatched } from "./domain/placement.ts";
@@ -323,22 +323,27 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         switch (type) {
           case "UNDEPLOY":
           case "RECONCILE_ROUTING": {
-            const action = await ctx.write(async (em) =>
-              queueAppAction(
-                em,
-                caller,
-                {
-                  ...target,
-                  actionType: type,
-                  purge: req.purge,
-                  imageTag: app.runningVersion ?? null,
-                  // purge: the images of exactly this branch's builds go, wherever they are kept.
-                  payload: type === "UNDEPLOY" && req.purge ? { purge_tags: await branchBuildTags(em, target) } : undefined,
-                },
-                now,
-                dispatched,
-              ),
-            );
+            const action = await ctx.write(async (em) => {
+              // Undeploy twice: the second is answered with the first while it is still to come.
+              const pending = type === "UNDEPLOY" ? await pendingUndeploy(em, caller, target, req.purge) : null;
+              return (
+                pending ??
+                queueAppAction(
+                  em,
+                  caller,
+                  {
+                    ...target,
+                    actionType: type,
+                    purge: req.purge,
+                    imageTag: app.runningVersion ?? null,
+                    // purge: the images of exactly this branch's builds go, wherever they are kept.
+                    payload: type === "UNDEPLOY" && req.purge ? { purge_tags: await branchBuildTags(em, target) } : undefined,
+                  },
+                  now,
+                  dispatched,
+                )
+              );
+            });
             result = { actions: [action], services: [], skippedStatic: [] };
             break;
           }
@@ -393,7 +398,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           actionIds: result.actions.map((a) => a.id),
           appName: target.appName,
           branch: target.branch,
-          status: "queued",
+          status: result.actions[0]?.status ?? "queued",
           imageTag: result.actions[0]?.imageTag ?? undefined,
           services: result.services,
           skippedStatic: result.skippedStatic,

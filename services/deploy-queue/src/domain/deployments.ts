@@ -12,6 +12,7 @@ import type { EntityManager } from "@platform/db";
 import { PlatformError } from "@platform/errors";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { Action, Agent, HistoryRecord } from "../entities/index.ts";
+import { APP_LANE_TYPES } from "./admission.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES, isDeploymentType } from "./history.ts";
@@ -293,6 +294,22 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
 export async function lockedRetryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
   await advisoryLocks(em, [`deploy_queue.retry.${groupSlug}/${appName}/${branch}`]);
   return retryTarget(em, groupSlug, appName, branch);
+}
+
+/**
+ * The undeploy a second undeploy of a branch is answered with: one still queued or in progress,
+ * with nothing of the app lane asked for after it (a deploy queued since must be undeployed
+ * again), and asked with the same purge (the answer says whether it purges). Null when a new
+ * undeploy is needed. Taken under a
+ * lock held until the transaction commits, so of two undeploys asked at once one is queued.
+ */
+export async function pendingUndeploy(em: EntityManager, caller: Caller, target: { groupSlug: string; appName: string; branch: string }, purge: boolean): Promise<Action | null> {
+  if (!canAct(caller, target.groupSlug)) throw PlatformError.notFound(`App '${target.appName}' not found`);
+  await advisoryLocks(em, [`deploy_queue.undeploy.${target.groupSlug}/${target.appName}/${target.branch}`]);
+  const latest = await em.findOne(Action, { ...target, actionType: { $in: [...APP_LANE_TYPES] } }, { orderBy: { createdAt: "desc", id: "desc" } });
+  if (latest?.actionType !== "UNDEPLOY" || !["queued", "in_progress"].includes(latest.status)) return null;
+  if ((latest.payload?.purge === true) !== purge) return null;
+  return latest;
 }
 
 export async function queueAppAction(em: EntityManager, caller: Caller, input: AppActionInput, now: Date, dispatched?: Dispatched[]): Promise<Action> {
