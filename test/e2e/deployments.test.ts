@@ -542,7 +542,8 @@ describe("undeploy", () => {
   it("takes the route away and clears the running fields", async () => {
     const url = (await getApp()).urls[0] as string;
     // Asked twice at once: one undeploy is queued, and both answers name it.
-    const [r, again] = await Promise.all([0, 1].map(() => call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })));
+    const undeploy = () => call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} });
+    const [r, again] = await Promise.all([undeploy(), undeploy()]);
     expect(r.status).toBe(202);
     expect(r.body).toMatchObject({ app_name: APP, branch: "main", status: "queued", purge: false });
     expect(again).toMatchObject({ status: 202, body: { action_id: r.body.action_id, purge: false } });
