@@ -10,7 +10,7 @@ import { randomBytes } from "node:crypto";
 import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
-import { normalizeAppConfig, parseAppConfigYaml } from "@platform/app-config";
+import { normalizeAppConfig, parseAppConfigYaml, problemText, problemsSummary } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
@@ -402,8 +402,8 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     if (!file || !(await stat(file)).isFile()) throw new BuildFailure(`The repository has no ${configPath.path} on ${job.branch}.`);
     const parsed = parseAppConfigYaml(await readFile(file, "utf8"));
     if (!parsed.ok) {
-      for (const p of parsed.errors) emit("error", `${configPath.path}${p.line ? `:${p.line}:${p.column}` : ""}: ${p.path ? `${p.path}: ` : ""}${p.message}`);
-      throw new BuildFailure(`${configPath.path} is invalid: ${parsed.errors[0]?.message ?? "see the log"}`);
+      for (const p of parsed.errors) emit("error", `${configPath.path}: ${problemText(p)}`);
+      throw new BuildFailure(`${configPath.path} is invalid, ${problemsSummary(parsed.errors)}`);
     }
     result.config = parsed.config as Record<string, unknown>;
     const config = normalizeAppConfig(parsed.config);

@@ -21,7 +21,7 @@ import { mkdir, rename, rm, stat } from "node:fs/promises";
 import http from "node:http";
 import net from "node:net";
 import path from "node:path";
-import { checkAppConfig, normalizeAppConfig, type NormalizedServiceConfig } from "@platform/app-config";
+import { checkAppConfig, normalizeAppConfig, problemsSummary, type NormalizedServiceConfig } from "@platform/app-config";
 import { freePort } from "@platform/fleet";
 import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState, type InflightDeploy } from "./host-state.ts";
 import type { Mutex } from "./mutex.ts";
@@ -329,7 +329,7 @@ export class Deployer {
       const tag = release.imageTag || job.image_tag || "";
       result.env_vars_snapshot = release.env;
       const checked = checkAppConfig(release.config);
-      if (!checked.ok) throw new DeployFailure(`The app config is invalid: ${checked.errors[0]?.message ?? "see preflight"}`);
+      if (!checked.ok) throw new DeployFailure(`The app config is invalid, ${problemsSummary(checked.errors)}`);
       const config = normalizeAppConfig(checked.config);
       if (config.type !== "container") throw new DeployFailure("A static app is served from the edge, which this host does not run; only container apps deploy here.");
       const wanted = Array.isArray(job.services) && job.services.length > 0 ? new Set(job.services.map(String)) : null;

@@ -104,6 +104,19 @@ it("fails the build of a branch the repository lacks with git's reason, naming n
   expect(outcome.result.log).not.toContain(dir);
 });
 
+it("fails the build of an invalid config naming each of its problems, where they are", async () => {
+  const invalid = await makeFixtureRepo("invalid-config");
+  try {
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-00000005", false), repository: invalid.url, branch: invalid.branch }, { ...deps(), log: (line) => void lines.push(line.message) });
+    expect(outcome.status).toBe("failed");
+    expect(outcome.error_message).toMatch(/^platform\.yaml is invalid, 2 problems: line 5, column 5: services\.web\.port must be from 1 to 65535, not 70000; line 8, column 5: services\.web\.colour: Unknown key "colour" in services\.web; .+\.$/);
+    expect(lines.filter((l) => l.startsWith("platform.yaml: line "))).toHaveLength(2);
+  } finally {
+    await invalid.cleanup();
+  }
+});
+
 it("fails a build whose image the fleet's store does not take within the build's time limit", async () => {
   const started = Date.now();
   const outcome = await runBuild(job("main-00000003", false), { ...deps(), timeoutMs: 3_000, publishImage: () => new Promise<void>(() => undefined) });

@@ -17,3 +17,4 @@ export {
 } from "./parse.ts";
 export { normalizeAppConfig, httpServices, routedServices, deriveFeatureFlags, type NamedService, type FeatureFlags } from "./normalize.ts";
 export { renderAppConfigYaml } from "./render.ts";
+export { problemText, problemsSummary } from "./problems.ts";
