@@ -219,7 +219,7 @@ describe("registration", () => {
 });
 
 describe("registration from another branch", () => {
-  it("copies variables, schedules a data clone and checks a seed reference", async () => {
+  it("copies variables, refuses a data clone no agent can run (503) and checks a seed reference", async () => {
     const put = await call(api, "PUT", "/vars/node-web", { credential: acme, body: { branch: "main", variables: { API_URL: "https://x", MODE: "prod" } } });
     expect(put.status).toBe(200);
     const copy = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "staging", copy_vars_from_branch: "main" } });
@@ -240,15 +240,20 @@ describe("registration from another branch", () => {
     expect((await call(api, "GET", "/vars/node-web?branch=main", { credential: acme })).body.variables).toEqual({ API_URL: "https://x", MODE: "prod" });
     expect((await call(api, "PUT", "/vars/node-web?branch=staging", { credential: acme, body: { branch: " staging", variables: { SPACED: "1" } } })).body.branch).toBe("staging");
 
-    const clone = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main" } });
-    expect(clone.status).toBe(201);
-    // Omitted entirely: db plus drives; given in part: each missing key takes its own default.
-    expect(clone.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: true, buckets: false } });
+    // A data copy no agent can run is refused 503 once every other rule passed, and nothing is written: not the branch, not the
+    // variables it would copy. Omitted entirely, the components are db plus drives; given in part, each missing key takes its default.
+    const clone = await call(api, "POST", "/apps", {
+      credential: acme,
+      body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa", clone_data_from_branch: "main", copy_vars_from_branch: "main" },
+    });
+    expect(clone).toMatchObject({ status: 503, body: { detail: { code: "clone_data_unavailable", source_branch: "main", components: { db: true, drives: true, buckets: false } } } });
+    expect((await call(api, "GET", "/apps/node-web?branch=qa", { credential: acme })).status).toBe(404);
+    expect((await call(api, "GET", "/vars/node-web?branch=qa", { credential: acme })).status).toBe(404);
     const buckets = await call(api, "POST", "/apps", {
       credential: acme,
       body: { app_name: "node-web", repository: repos["node-web"]!.url, branch: "qa-buckets", clone_data_from_branch: "main", clone_components: { buckets: true } },
     });
-    expect(buckets.body.clone_data_scheduled).toEqual({ source_branch: "main", components: { db: true, drives: false, buckets: true } });
+    expect(buckets.body.detail).toMatchObject({ code: "clone_data_unavailable", components: { db: true, drives: false, buckets: true } });
 
     const refusals: Array<[Record<string, unknown>, number]> = [
       [{ app_name: "node-web", branch: "b1", clone_data_from_branch: "nope" }, 404],
@@ -267,7 +272,8 @@ describe("registration from another branch", () => {
     // Nothing of a refused registration was written.
     const branches = await call(api, "GET", "/apps/node-web/branches", { credential: acme });
     expect(branches.body.branches.map((b: { branch: string }) => b.branch)).not.toContain("b1");
-    for (const branch of ["staging", "qa", "qa-buckets"]) expect((await call(api, "DELETE", `/apps/node-web?branch=${branch}`, { credential: acme })).status).toBe(204);
+    expect(branches.body.branches.map((b: { branch: string }) => b.branch)).not.toContain("qa-buckets");
+    for (const branch of ["staging"]) expect((await call(api, "DELETE", `/apps/node-web?branch=${branch}`, { credential: acme })).status).toBe(204);
   });
 });
 

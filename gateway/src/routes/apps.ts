@@ -108,7 +108,11 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
               minLength: 1,
               description: "Copy variables from another branch of this app (existing keys never overwritten); 409 when the new branch is or would become production, 404 unknown source, 422 no other branch.",
             },
-            clone_data_from_branch: { type: "string", minLength: 1, description: "Restore data from another branch on the first deploy; same 404 and 409 refusals; 422 with seed_from_reference." },
+            clone_data_from_branch: { type: "string", minLength: 1, description:
+                "Restore data from another branch on the first deploy; same 404 and 409 refusals; 422 with seed_from_reference; 503 until every agent can run the copy. " +
+                "No agent of this version can, so once every other rule has passed the registration is refused 503 `clone_data_unavailable` " +
+                "(detail carries `source_branch` and the `components` that would be copied) and nothing is written.",
+            },
             clone_components: {
               type: "object",
               description: "Defaults db true, drives false, buckets false; db plus drives when omitted entirely.",
@@ -123,6 +127,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
           ...authErrors,
           ...bodyErrors,
           ...groupLockErrors("`app_exists`, `branch_collides` or `repository_already_registered`"),
+          503: { $ref: "Error#", description: "`clone_data_unavailable`: clone_data_from_branch asks for a data copy no agent can run yet; nothing written." },
         },
       },
     },

@@ -55,6 +55,13 @@ export const DEFAULT_CLONE_COMPONENTS = { db: true, drives: true, buckets: false
 export const DEFAULT_CONFIG_PATH = "platform.yaml";
 
 /**
+ * Whether every agent can run the data copy clone_data_from_branch schedules (spec doc 1 section
+ * 4.4: "503 until every agent can run the copy"). None can: copying a branch's database and
+ * drives belongs to the storage work, which the agents of this version do not have.
+ */
+const AGENTS_RUN_DATA_COPY = false;
+
+/**
  * A config path as stored: relative, inside the repository, without `.` segments, so that
  * `./platform.yaml` is the same file as `platform.yaml` for the same-repository rule.
  */
@@ -304,6 +311,18 @@ export async function registerApp(
   }
   const copyFrom = input.copyVarsFromBranch?.trim();
   const copiedVarKeys = copyFrom ? await copyVarsForRegistration(em, app, copyFrom) : null;
+  // Refused once every other rule has passed, so the 503 says only what waits on the agents;
+  // the transaction rolls back whatever was written.
+  if (app.cloneData && !AGENTS_RUN_DATA_COPY) {
+    throw PlatformError.unavailable({
+      code: "clone_data_unavailable",
+      message:
+        `The data copy of clone_data_from_branch cannot run yet: no agent of this platform can copy a branch's data, so the branch was not registered. ` +
+        `Register it without clone_data_from_branch.`,
+      source_branch: app.cloneData.source_branch,
+      components: app.cloneData.components,
+    });
+  }
   const preflightActionId = requeuePreflight(em, app, actorOf(caller));
   return { app, preflightActionId, copiedVarKeys, cloneDataScheduled: app.cloneData ?? null };
 }
