@@ -54,7 +54,7 @@ describe("a build on a real agent", () => {
   it("is accepted with 202, its tag and action id", async () => {
     const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "node-web", repository: web.url, auto_deploy: false } });
     expect(r.status).toBe(202);
-    expect(r.body).toEqual({ tag: expect.stringMatching(/^main-[0-9a-f]{8}$/), action_id: r.body.build_id, status: "queued", build_id: expect.any(String) });
+    expect(r.body).toEqual({ tag: expect.stringMatching(/^main-[0-9a-f]{8}$/), action_id: r.body.build_id, status: "queued", build_id: expect.any(String), app_name: "node-web" });
     ({ build_id: buildId, tag } = r.body);
     const app = await call(api, "GET", "/apps/node-web", { credential: acme });
     expect(app.body.build_count).toBe(1);
@@ -113,6 +113,8 @@ describe("a build on a real agent", () => {
 
   it("is found by id prefix and by tag, and listed with filters", async () => {
     expect((await call(api, "GET", `/builds/node-web/${tag}`, { credential: acme })).body.id).toBe(buildId);
+    // The name as written finds the build by tag, as it finds the list.
+    expect((await call(api, "GET", `/builds/${encodeURIComponent("Node Web")}/${tag}`, { credential: acme })).body.id).toBe(buildId);
     const list = await call(api, "GET", "/builds?app_name=node-web&limit=1", { credential: acme });
     expect(list.body).toMatchObject({ total: 1, items: [expect.objectContaining({ id: buildId })] });
     const byWrittenName = await call(api, "GET", `/builds?app_name=${encodeURIComponent("Node Web")}&limit=1`, { credential: acme });
@@ -138,6 +140,15 @@ describe("a build on a real agent", () => {
     }
     expect((await call(api, "GET", "/builds?app_name=node-web", { credential: globex })).body).toEqual({ items: [], total: 0 });
     expect((await call(api, "GET", `/logs?build_id=${buildId}`, { credential: globex })).body.logs).toEqual([]);
+  });
+
+  it("names the app it built: another group's build of a taken name builds its own suffixed app", async () => {
+    const body = { app_name: "node-web", repository: failing.url, auto_deploy: false };
+    const first = await call(api, "POST", "/builds?skip_preflight=true", { credential: globex, body });
+    expect(first).toMatchObject({ status: 202, body: { app_name: "node-web-2" } });
+    const again = await call(api, "POST", "/builds?skip_preflight=true", { credential: globex, body });
+    expect(again).toMatchObject({ status: 202, body: { app_name: "node-web-2" } });
+    expect((await call(api, "GET", `/builds/node-web-2/${again.body.tag}`, { credential: globex })).body.id).toBe(again.body.build_id);
   });
 
   it("a failing build ends failed with a useful error and its output; its deploy cannot be retried", async () => {

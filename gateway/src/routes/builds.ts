@@ -120,8 +120,9 @@ export function buildRoutes(
               action_id: { type: "string", description: "Equals build_id." },
               status: { type: "string", enum: ["queued"] },
               build_id: { type: "string" },
+              app_name: { type: "string", description: "The app built. The name asked for may be the base name of an app registered with a numeric suffix (`shop` builds `shop-2`): read its builds and state under this name." },
             },
-            required: ["tag", "action_id", "status", "build_id"],
+            required: ["tag", "action_id", "status", "build_id", "app_name"],
           },
           ...authErrors,
           ...bodyErrors,
@@ -143,7 +144,7 @@ export function buildRoutes(
         configPath: b.config_path ?? "",
         skipPreflight: skip_preflight ?? false,
       });
-      return reply.code(202).send({ tag: r.tag, action_id: r.actionId, status: r.status, build_id: r.buildId });
+      return reply.code(202).send({ tag: r.tag, action_id: r.actionId, status: r.status, build_id: r.buildId, app_name: r.appName });
     },
   );
 

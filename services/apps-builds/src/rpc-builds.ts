@@ -57,7 +57,7 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
       // Its statement committed outside ctx.write, which wakes the relay after the ORM path.
       if (triggered) ctx.relay.kick();
       else triggered = await triggerBuild({ lock: ctx.groupLock, transact: ctx.write }, caller, input, policy);
-      return { tag: triggered.tag, actionId: triggered.buildId, buildId: triggered.buildId, status: "queued", registered: triggered.registered };
+      return { tag: triggered.tag, actionId: triggered.buildId, buildId: triggered.buildId, status: "queued", registered: triggered.registered, appName: triggered.appName };
     },
 
     async listBuilds(req) {

@@ -101,6 +101,8 @@ export function acceptBuild(app: BuildableApp, caller: Caller, input: TriggerInp
 export interface TriggeredBuild {
   buildId: string;
   tag: string;
+  /** The app built: the name asked for may be its base name (a suffixed app, `shop-2`). */
+  appName: string;
   registered: boolean;
 }
 
@@ -235,7 +237,7 @@ export async function triggerBuildOfRegisteredApp(db: SqlPool, caller: Caller, i
       if (await buildWriter(db).submit({ row, event: outbox, app, skipPreflight: input.skipPreflight === true })) {
         if (!builtApps.has(key) && builtApps.size >= BUILT_APPS_MAX) builtApps.delete(builtApps.keys().next().value!);
         builtApps.set(key, app);
-        return { buildId: row.id, tag: row.tag, registered: false };
+        return { buildId: row.id, tag: row.tag, appName: app.appName, registered: false };
       }
     } catch (err) {
       if ((err as { code?: string }).code !== FOREIGN_KEY_VIOLATION) throw err;
@@ -297,14 +299,14 @@ export async function triggerBuild(deps: { lock: GroupLock; transact: Transact }
 }
 
 /** The build of a registered app through the ORM: its row (queued) and its build_requested event. */
-async function queueBuild(em: EntityManager, caller: Caller, app: App, input: TriggerInput): Promise<{ buildId: string; tag: string }> {
+async function queueBuild(em: EntityManager, caller: Caller, app: App, input: TriggerInput): Promise<Omit<TriggeredBuild, "registered">> {
   admitBuild(app, input);
   for (;;) {
     const { row, event } = acceptBuild(app, caller, input);
     if (await em.findOne(Build, { appName: row.appName, tag: row.tag })) continue;
     em.create(Build, { ...row, status: "queued", queueStatus: "queued", codebuildPhase: "SUBMITTED", images: [] });
     enqueueEvent(em, subjects.events.buildRequested, { ...event });
-    return { buildId: row.id, tag: row.tag };
+    return { buildId: row.id, tag: row.tag, appName: app.appName };
   }
 }
 
@@ -347,7 +349,7 @@ export function buildNotFound(id: string): PlatformError {
 }
 
 export async function findBuildByTag(em: EntityManager, caller: Caller, appName: string, tag: string): Promise<Build> {
-  const build = await em.findOne(Build, { appName, tag });
+  const build = await em.findOne(Build, { appName: routeAppName(appName), tag });
   const scope = visibleGroupFilter(caller);
   if (!build || !canSeeGroup(caller, build.groupSlug) || (scope.groupSlug !== undefined && build.groupSlug !== scope.groupSlug)) {
     throw PlatformError.notFound(`Build '${tag}' of app '${appName}' not found`);
