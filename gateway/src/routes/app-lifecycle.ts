@@ -230,14 +230,14 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         summary: "Stop serving a branch: its route goes, then its processes.",
         description:
           "`branch` omitted: the branch that runs (several running: 409 naming one to choose; none: the production branch). `purge` also deletes the branch's images and builds. " +
-          "Asked again while an undeploy of the branch is still queued or in progress (asked with the same `purge`, and nothing was queued for the branch since), the answer is that undeploy's `action_id` and `status`: nothing more is queued.",
+          "Asked again while an undeploy of the branch is still queued (asked with the same `purge`, and nothing was queued for the branch since), the answer is that undeploy's `action_id`: nothing more is queued.",
         params: appParams,
         querystring: { type: "object", properties: commonQuery },
         body: { type: ["object", "null"], properties: { branch: { type: "string", minLength: 1 }, purge: { type: "boolean", default: false } }, additionalProperties: false },
         response: {
           202: {
             type: "object",
-            properties: { action_id: { type: "string" }, app_name: { type: "string" }, branch: { type: "string" }, status: { type: "string", enum: ["queued", "in_progress"] }, purge: { type: "boolean" } },
+            properties: { action_id: { type: "string" }, app_name: { type: "string" }, branch: { type: "string" }, status: { type: "string", enum: ["queued"] }, purge: { type: "boolean" } },
             required: ["action_id", "app_name", "status", "purge"],
           },
           ...authErrors,

@@ -324,7 +324,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           case "UNDEPLOY":
           case "RECONCILE_ROUTING": {
             const action = await ctx.write(async (em) => {
-              // Undeploy twice: the second is answered with the first while it is still to come.
+              // Undeploy twice: the second is answered with the first while it is still queued.
               const pending = type === "UNDEPLOY" ? await pendingUndeploy(em, caller, target, req.purge) : null;
               return (
                 pending ??
@@ -398,7 +398,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           actionIds: result.actions.map((a) => a.id),
           appName: target.appName,
           branch: target.branch,
-          status: result.actions[0]?.status ?? "queued",
+          status: "queued",
           imageTag: result.actions[0]?.imageTag ?? undefined,
           services: result.services,
           skippedStatic: result.skippedStatic,

@@ -297,17 +297,18 @@ export async function lockedRetryTarget(em: EntityManager, groupSlug: string, ap
 }
 
 /**
- * The undeploy a second undeploy of a branch is answered with: one still queued or in progress,
- * with nothing of the app lane asked for after it (a deploy queued since must be undeployed
- * again), and asked with the same purge (the answer says whether it purges). Null when a new
- * undeploy is needed. Taken under a
+ * The undeploy a second undeploy of a branch is answered with: one still queued, with nothing of
+ * the app lane asked for after it (a deploy queued since must be undeployed again), and asked
+ * with the same purge (the answer says whether it purges). One in progress is not: the answer
+ * says `queued` (spec 4.5), and what it took down may have been started again since it began.
+ * Null when a new undeploy is needed. Taken under a
  * lock held until the transaction commits, so of two undeploys asked at once one is queued.
  */
 export async function pendingUndeploy(em: EntityManager, caller: Caller, target: { groupSlug: string; appName: string; branch: string }, purge: boolean): Promise<Action | null> {
   if (!canAct(caller, target.groupSlug)) throw PlatformError.notFound(`App '${target.appName}' not found`);
   await advisoryLocks(em, [`deploy_queue.undeploy.${target.groupSlug}/${target.appName}/${target.branch}`]);
   const latest = await em.findOne(Action, { ...target, actionType: { $in: [...APP_LANE_TYPES] } }, { orderBy: { createdAt: "desc", id: "desc" } });
-  if (latest?.actionType !== "UNDEPLOY" || !["queued", "in_progress"].includes(latest.status)) return null;
+  if (latest?.actionType !== "UNDEPLOY" || latest.status !== "queued") return null;
   if ((latest.payload?.purge === true) !== purge) return null;
   return latest;
 }
