@@ -297,8 +297,11 @@ describe("cancel", () => {
       async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.find((a: any) => a.depends_on === b.body.build_id),
       (d) => !!d,
     );
+    const running = (await getApp()).running_version as string;
     const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme });
     expect(r.body).toMatchObject({ status: "cancelled", cancelled: true });
+    // The tag that served when it was queued, though no agent ever ran it.
+    expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.previous_tag).toBe(running);
     await waitFor(async () => (await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);
     expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.status).toBe("cancelled");
     await web.commit("fast build again", { "platform.yaml": platformYaml });

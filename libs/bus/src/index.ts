@@ -595,6 +595,8 @@ export interface BuildRequested {
   requested_at?: string | null;
   commit_message?: string | null;
   commit_author?: string | null;
+  /** The tag serving on the branch when the build was asked for: its auto-deploy's previous_tag. */
+  previous_tag?: string | null;
 }
 
 function requireText(data: Record<string, unknown>, key: string): string {
@@ -624,6 +626,7 @@ export function parseBuildRequested(data: Record<string, unknown>): BuildRequest
     requested_at: requestedAt && !Number.isNaN(Date.parse(requestedAt)) ? requestedAt : null,
     commit_message: optional("commit_message"),
     commit_author: optional("commit_author"),
+    previous_tag: optional("previous_tag"),
   };
 }
 

@@ -100,11 +100,28 @@ describe("POST /api/builds", () => {
       auto_deploy: true,
       created_by: "api_key:k-acme",
       requested_at: expect.any(String),
+      // Nothing serves yet: the auto-deploy replaces nothing.
+      previous_tag: null,
     });
     // When the build was asked for, however late the event reaches the queue.
     const requestedAt = Date.parse(requested.find((e) => e.data.build_id === r.buildId)!.data.requested_at as string);
     expect(requestedAt).toBeGreaterThanOrEqual(asked);
     expect(requestedAt).toBeLessThanOrEqual(answered);
+  });
+
+  it("names the tag serving when it was asked for in the event, for its auto-deploy's previous_tag, undeployed or not", async () => {
+    await preflight("ready");
+    const eventOf = async (buildId: string) => {
+      await expect.poll(() => requested.find((e) => e.data.build_id === buildId), { timeout: 10_000 }).toBeDefined();
+      return requested.find((e) => e.data.build_id === buildId)!.data;
+    };
+    await db.query("update apps_builds.apps set deploy_status = 'running', running_version = 'main-00000001' where app_name = 'shop' and branch = 'main'");
+    // Twice: the second is written from what this process remembers of the app, and still reads the row.
+    expect(await eventOf((await trigger({ autoDeploy: true })).buildId)).toMatchObject({ previous_tag: "main-00000001" });
+    await db.query("update apps_builds.apps set running_version = 'main-00000002' where app_name = 'shop' and branch = 'main'");
+    expect(await eventOf((await trigger({ autoDeploy: true })).buildId)).toMatchObject({ previous_tag: "main-00000002" });
+    await db.query("update apps_builds.apps set deploy_status = 'undeployed' where app_name = 'shop' and branch = 'main'");
+    expect(await eventOf((await trigger({ autoDeploy: true })).buildId)).toMatchObject({ previous_tag: null });
   });
 
   it("says a refusal from what the apps row holds now, right after a build of the same app", async () => {

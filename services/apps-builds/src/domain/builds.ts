@@ -114,7 +114,7 @@ const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, br
  * row and event are written, or neither, and only while its apps row still holds the values
  * they were made from and the build is admitted. The apps rows are held in share mode
  * meanwhile, as in `triggerBuild`, for a rename's re-key. What it returns is the ids of the
- * builds written.
+ * builds written. The event names the tag serving when the row was admitted (`previous_tag`).
  */
 const INSERT_BUILDS = `with input as (
     select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::boolean[], $9::uuid[], $10::text[],
@@ -122,7 +122,8 @@ const INSERT_BUILDS = `with input as (
       as i(id, app_id, app_name, display_name, group_slug, branch, tag, auto_deploy, deploy_action_id, created_by,
            event_id, subject, payload, headers, branch_label, repository, config_path, skip_preflight)),
   admitted as (
-    select i.* from input i join apps a on a.id = i.app_id
+    select i.*, case when a.deploy_status = 'undeployed' then null else a.running_version end as previous_tag
+    from input i join apps a on a.id = i.app_id
     where a.app_name = i.app_name and a.display_name = i.display_name and a.group_slug = i.group_slug and a.branch = i.branch
       and a.branch_label = i.branch_label and a.repository = i.repository and a.config_path = i.config_path
       and (i.skip_preflight or a.preflight_status in ('ready', 'exempt'))
@@ -134,7 +135,8 @@ const INSERT_BUILDS = `with input as (
     returning id),
   o as (
     insert into outbox (id, subject, payload, headers)
-    select i.event_id, i.subject, i.payload::jsonb, i.headers::jsonb from admitted i join b on b.id = i.id)
+    select i.event_id, i.subject, i.payload::jsonb || jsonb_build_object('previous_tag', i.previous_tag), i.headers::jsonb
+    from admitted i join b on b.id = i.id)
   select id from b`;
 
 /** One build for INSERT_BUILDS: its row, its event, and the app values both were made from. */
@@ -305,7 +307,7 @@ async function queueBuild(em: EntityManager, caller: Caller, app: App, input: Tr
     const { row, event } = acceptBuild(app, caller, input);
     if (await em.findOne(Build, { appName: row.appName, tag: row.tag })) continue;
     em.create(Build, { ...row, status: "queued", queueStatus: "queued", codebuildPhase: "SUBMITTED", images: [] });
-    enqueueEvent(em, subjects.events.buildRequested, { ...event });
+    enqueueEvent(em, subjects.events.buildRequested, { ...event, previous_tag: app.deployStatus === "undeployed" ? null : app.runningVersion });
     return { buildId: row.id, tag: row.tag, appName: app.appName };
   }
 }

@@ -190,6 +190,7 @@ function newBuildActions(req: BuildRequested, now: Date): [NewAction, ...NewActi
       group_slug: req.group_slug,
       image_tag: req.tag,
       config_path: req.config_path,
+      previous_tag: req.previous_tag ?? null,
     },
   };
   return [build, deploy];
