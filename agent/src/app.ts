@@ -22,7 +22,7 @@ import { startRuntimeHost } from "./runtime-host.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
-import { controlPlaneAddresses, keepTenantFence } from "./tenant-fence.ts";
+import { controlPlaneAddresses, keepTenantFence, type TenantFence } from "./tenant-fence.ts";
 import { probeCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
@@ -62,13 +62,15 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   ];
   // Tenant code runs as the tenant user, fenced off the host's own services, before any of it starts.
   const runAs = config.AGENT_TENANT_UID > 0 ? { uid: config.AGENT_TENANT_UID, gid: config.AGENT_TENANT_UID } : null;
-  let fence: { stop(): void } = { stop: () => undefined };
+  let fence: TenantFence | null = null;
+  // The replicas' ports, once the runtime host keeps them (it adopts those still running).
+  let replicaPorts = (): number[] => [];
   if (runAs) {
     const deniedNets = [
       ...(config.AGENT_TENANT_DENIED_NETS ? config.AGENT_TENANT_DENIED_NETS.split(",") : []),
       ...(await controlPlaneAddresses([config.NATS_URL, config.DEPLOY_QUEUE_URL, config.APPS_BUILDS_URL])),
     ];
-    fence = await keepTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets }, logger);
+    fence = await keepTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets }, logger, { replicaPorts: () => replicaPorts() });
   }
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
@@ -90,7 +92,11 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     logger,
     ship: (line) => void shipper.ship(line),
     onChange: () => beatOnChange?.(),
+    guardPort: fence ? (port) => fence.guard(port) : undefined,
   });
+  replicaPorts = () => runtime.replicaPorts();
+  // Replicas adopted from before this start are closed to the outside now, not at the next renewal.
+  await fence?.renew();
 
   // Build commands die with the agent that ran them; the cgroups they ran in stayed behind.
   const leftBehind = async (parent: CgroupParent | null) => (parent ? removeIdleCgroups(parent, "build-", LEFTOVER_CGROUP_AGE_MS) : 0);
@@ -187,7 +193,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     });
   } catch (err) {
     clearInterval(timer);
-    fence.stop();
+    fence?.stop();
     await renames.stop();
     await work.stop();
     await preflight.stop();
@@ -205,7 +211,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     beat,
     async close() {
       clearInterval(timer);
-      fence.stop();
+      fence?.stop();
       await renames.stop();
       await work.stop();
       await preflight.stop();

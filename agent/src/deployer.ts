@@ -104,6 +104,8 @@ export interface DeployerDeps {
   /** Removes tags' archives from the fleet's image store (undeploy with purge). */
   deleteImages(app: string, tags: string[]): Promise<void>;
   healthTimeoutMs: number;
+  /** A free port for a new replica, closed to the outside before it is handed out; freePort unless set. */
+  replicaPort?(): Promise<number>;
   /** How long the old colour keeps its connections after the flip before it is stopped. */
   drainMs: number;
   /** Grace between SIGTERM and SIGKILL when a replica is stopped. */
@@ -365,7 +367,7 @@ export class Deployer {
       for (const [name, service] of services) {
         const replicas: ReplicaSpec[] = [];
         for (let i = 0; i < service.replicas; i++) {
-          const port = service.background ? null : await freePort();
+          const port = service.background ? null : await (this.#d.replicaPort ?? freePort)();
           replicas.push(this.#spec(job, next, name, service, i, port, release.env));
         }
         next.services[name] = { mount: service.background ? null : (service.mount ?? null), health: service.health ?? null, background: service.background, stopped: false, replicas };

@@ -48,6 +48,8 @@ export interface RuntimeHostOptions {
   ship(line: LogLineInput): void;
   /** A replica crashed or was restarted: what the host runs changed outside any action. */
   onChange?(): void;
+  /** Closes a replica's port to connections from outside the host, before the replica listens on it (the tenant fence). */
+  guardPort?(port: number): Promise<void>;
 }
 
 /** How often the router is checked for drift (it then gets the whole table again). */
@@ -60,6 +62,8 @@ const RESOLVE_PATIENCE_MS = 30_000;
 export interface RuntimeHost {
   deployer(bind: { log: DeployerDeps["log"]; phase: DeployerDeps["phase"] }): Deployer;
   inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
+  /** The ports of every replica this host keeps (running or to be restarted). */
+  replicaPorts(): number[];
   /** Deploys in flight when the agent last stopped. */
   resumable(): Array<{ actionId: string; actionType: string }>;
   /** A group renamed: what runs here in it is labelled with its new slug; answers how many apps. */
@@ -93,6 +97,11 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },
     });
   });
+  const replicaPort = async () => {
+    const port = await freePort();
+    await o.guardPort?.(port);
+    return port;
+  };
   // The replicas' port mover, once the routes are kept (restarts before that keep their port).
   let routesKeeper: Deployer | null = null;
   const supervisor = new Supervisor({
@@ -103,9 +112,9 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     // one can know it in advance), and on yet another if that one was taken before the restart.
     relocate: async (spec, when) => {
       if (spec.port === null || !routesKeeper) return spec;
-      if (when === "crashed") return routesKeeper.moveReplica(spec, await freePort());
+      if (when === "crashed") return routesKeeper.moveReplica(spec, await replicaPort());
       if (await portIsFree(spec.port)) return spec;
-      const moved = await routesKeeper.moveReplica(spec, await freePort());
+      const moved = await routesKeeper.moveReplica(spec, await replicaPort());
       o.ship({
         source: "agent",
         level: "warning",
@@ -165,6 +174,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     healthTimeoutMs: o.healthTimeoutMs,
     drainMs: DRAIN_MS,
     stopGraceMs: STOP_GRACE_MS,
+    replicaPort,
   };
   const resolve = async (job: DeployJob) => {
     const r = await untilAnswered(() => o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" }), {
@@ -205,6 +215,9 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   return {
     deployer,
     resumable: () => state.allInflight().map((d) => ({ actionId: d.actionId, actionType: "DEPLOY" })),
+    replicaPorts() {
+      return driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
+    },
     inventory() {
       const running = new Map(driver.list().filter((r) => r.running).map((r) => [r.spec.id, r]));
       const inventory: InventoryEntry[] = state.apps().flatMap((a) =>

@@ -13,11 +13,15 @@
  * fails at once (ECONNREFUSED) rather than hanging. Answers on connections made to a replica
  * (Caddy's requests, health checks) are no new connections and pass.
  *
+ * The other way, replicas listen on every address of the host, Caddy being their one intended
+ * client (over 127.0.0.1). The same table refuses new connections to a replica's port that come
+ * in from outside the host, so no app, a private one included, is reached past the router.
+ *
  * One table per tenant user, shared by the agents of a host that run tenant code as that user
- * (test fleets do): each keeps its router's port open for ROUTER_PORT_TTL_S and renews it every
- * minute, so the port of an agent that stopped, or moved its router, closes by itself; the rules
- * are replaced in one transaction. A firewall reload flushes the host's ruleset: the renewal puts
- * the whole table back.
+ * (test fleets do): each keeps its router's port open, and its replicas' ports closed to the
+ * outside, for PORT_TTL_S and renews them every minute, so the ports of an agent that stopped,
+ * or of replicas that went, are let go by themselves; the rules are replaced in one transaction.
+ * A firewall reload flushes the host's ruleset: the renewal puts the whole table back.
  */
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
@@ -26,14 +30,14 @@ import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
 
 /** Ports tenant code may connect to on the host's own addresses besides the routers': DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
-/** How long a router's port stays open without its agent renewing it. */
-const ROUTER_PORT_TTL_S = 300;
+/** How long a router's port stays open, and a replica's closed to the outside, without its agent renewing it. */
+const PORT_TTL_S = 300;
 /**
  * Always denied: link-local, where cloud providers answer metadata (and credentials) requests, and
  * multicast and the limited broadcast, which reach the host's own listeners too.
  */
 const ALWAYS_DENIED = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8"];
-/** How often the agent renews its router's port (and puts the fence back when a firewall reload flushed it). */
+/** How often the agent renews its ports (and puts the fence back when a firewall reload flushed it). */
 const FENCE_RENEW_MS = 60_000;
 
 export interface FenceSpec {
@@ -41,6 +45,8 @@ export interface FenceSpec {
   uid: number;
   /** The router's ports: open on the host's own addresses. */
   routerPorts: number[];
+  /** The ports replicas serve on: closed to connections from outside the host. */
+  replicaPorts: number[];
   /** Networks (address or address/prefix) tenant code may not connect to. */
   deniedNets: string[];
 }
@@ -53,9 +59,9 @@ export function fenceTable(uid: number): string {
  * The nft script that puts the fence in place, or renews it, as one transaction. `fresh` makes
  * the table anew (there was none, or one of an older layout).
  */
-export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; routerPortTtlS?: number }): string {
+export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; portTtlS?: number }): string {
   const t = `inet ${fenceTable(spec.uid)}`;
-  const ttl = `${opts.routerPortTtlS ?? ROUTER_PORT_TTL_S}s`;
+  const ttl = `${opts.portTtlS ?? PORT_TTL_S}s`;
   const nets = [...new Set([...ALWAYS_DENIED, ...spec.deniedNets])];
   const v4 = nets.filter((n) => isIP(n.split("/")[0]!) === 4);
   const v6 = nets.filter((n) => isIP(n.split("/")[0]!) === 6);
@@ -64,15 +70,12 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; routerPort
     ...(opts.fresh ? [`add table ${t}`, `delete table ${t}`] : []),
     `add table ${t}`,
     `add set ${t} router_ports { type inet_service; flags timeout; }`,
+    `add set ${t} replica_ports { type inet_service; flags timeout; }`,
     `add set ${t} denied4 { type ipv4_addr; flags interval; auto-merge; }`,
     `add set ${t} denied6 { type ipv6_addr; flags interval; auto-merge; }`,
     ...elements("router_ports", OPEN_LOCAL_PORTS),
-    // Added, taken out and added again: an element added while there keeps its old expiry.
-    ...[...new Set(spec.routerPorts)].flatMap((p) => [
-      `add element ${t} router_ports { ${p} timeout ${ttl} }`,
-      `delete element ${t} router_ports { ${p} }`,
-      `add element ${t} router_ports { ${p} timeout ${ttl} }`,
-    ]),
+    ...renewed(t, "router_ports", spec.routerPorts, ttl),
+    ...renewed(t, "replica_ports", spec.replicaPorts, ttl),
     // Denying more than an agent asks for (another's, or an earlier config's) opens nothing.
     ...elements("denied4", v4),
     ...elements("denied6", v6),
@@ -90,8 +93,17 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; routerPort
     `add rule ${t} tenant fib daddr type { broadcast, multicast } drop`,
     `add rule ${t} tenant ip daddr @denied4 reject`,
     `add rule ${t} tenant ip6 daddr @denied6 reject`,
+    `add chain ${t} input { type filter hook input priority filter; policy accept; }`,
+    `flush chain ${t} input`,
+    // From outside the host: a connection the host makes to itself, to any of its addresses, comes in on lo.
+    `add rule ${t} input iifname != "lo" meta l4proto tcp th dport @replica_ports ct state new reject with tcp reset`,
     "",
   ].join("\n");
+}
+
+/** Elements of a timeout set, added, taken out and added again: one added while there keeps its old expiry. */
+function renewed(t: string, set: string, ports: number[], ttl: string): string[] {
+  return [...new Set(ports)].flatMap((p) => [`add element ${t} ${set} { ${p} timeout ${ttl} }`, `delete element ${t} ${set} { ${p} }`, `add element ${t} ${set} { ${p} timeout ${ttl} }`]);
 }
 
 /** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
@@ -110,38 +122,58 @@ async function nft(args: string[], input?: string): Promise<string | null> {
  */
 export async function installTenantFence(
   spec: FenceSpec,
-  opts: { routerPortTtlS?: number } = {},
+  opts: { portTtlS?: number } = {},
 ): Promise<{ ok: true; created: boolean } | { ok: false; reason: string }> {
   const fresh = (await nft(["list", "set", "inet", fenceTable(spec.uid), "router_ports"])) !== null;
   const failed = await nft(["-f", "-"], fenceRuleset(spec, { fresh, ...opts }));
   return failed ? { ok: false, reason: failed } : { ok: true, created: fresh };
 }
 
+export interface TenantFence {
+  /** Closes a replica's port to the outside now, before the replica listens on it. */
+  guard(port: number): Promise<void>;
+  /** Renews the fence now, with the replica ports of `replicaPorts` as they are. */
+  renew(): Promise<void>;
+  stop(): void;
+}
+
 /**
- * Puts the fence in place and keeps it there: renewed every `renewMs`, put back whole when it is
- * gone. Without nft (or root) it says so once and tenant code runs unfenced.
+ * Puts the fence in place and keeps it there: renewed every `renewMs` with the replica ports
+ * `replicaPorts` names then, put back whole when it is gone. Without nft (or root) it says so
+ * once and tenant code runs unfenced.
  */
-export async function keepTenantFence(spec: FenceSpec, logger: Logger, opts: { renewMs?: number; routerPortTtlS?: number } = {}): Promise<{ stop(): void }> {
+export async function keepTenantFence(
+  spec: Omit<FenceSpec, "replicaPorts">,
+  logger: Logger,
+  opts: { replicaPorts?: () => number[]; renewMs?: number; portTtlS?: number } = {},
+): Promise<TenantFence> {
   const table = fenceTable(spec.uid);
-  const put = await installTenantFence(spec, opts);
+  const now = (): FenceSpec => ({ ...spec, replicaPorts: opts.replicaPorts?.() ?? [] });
+  const put = await installTenantFence(now(), opts);
   if (!put.ok) {
     logger.warn({ uid: spec.uid, reason: put.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
-    return { stop: () => undefined };
+    return { guard: async () => undefined, renew: async () => undefined, stop: () => undefined };
   }
   logger.info({ uid: spec.uid, table, deniedNets: spec.deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
-  let renewing = false;
-  const timer = setInterval(() => {
-    if (renewing) return;
-    renewing = true;
-    void installTenantFence(spec, opts)
+  let renewing: Promise<void> | null = null;
+  const renew = () =>
+    (renewing ??= installTenantFence(now(), opts)
       .then((again) => {
         if (!again.ok) logger.error({ table, reason: again.reason }, "the tenant fence could not be renewed: once gone, tenant code can connect to the host's own services");
         else if (again.created) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
       })
-      .finally(() => (renewing = false));
-  }, opts.renewMs ?? FENCE_RENEW_MS);
+      .finally(() => (renewing = null)));
+  const timer = setInterval(() => void renew(), opts.renewMs ?? FENCE_RENEW_MS);
   timer.unref();
-  return { stop: () => clearInterval(timer) };
+  return {
+    async guard(port) {
+      const failed = await nft(["-f", "-"], `${renewed(`inet ${table}`, "replica_ports", [port], `${opts.portTtlS ?? PORT_TTL_S}s`).join("\n")}\n`);
+      // The replica starts all the same: the next renewal closes its port, and says why it could not.
+      if (failed) logger.error({ table, port, reason: failed }, "a replica's port could not be closed to the outside");
+    },
+    renew,
+    stop: () => clearInterval(timer),
+  };
 }
 
 /**

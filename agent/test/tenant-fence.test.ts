@@ -40,7 +40,7 @@ function connect(host: string, port: number): Promise<string> {
 
 describe("fenceRuleset", () => {
   it("names the tenant user's sockets only, opens the router's port and DNS on the host's addresses, and denies the networks given", () => {
-    const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] }, { fresh: false });
+    const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], replicaPorts: [41000, 41000], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] }, { fresh: false });
     expect(rules).toContain("add table inet platform_tenant_61000");
     expect(rules).not.toContain("delete table");
     expect(rules).toContain("add element inet platform_tenant_61000 router_ports { 53 }");
@@ -48,11 +48,14 @@ describe("fenceRuleset", () => {
     expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 224.0.0.0/4, 255.255.255.255, 10.1.0.0/16 }");
     expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, ff00::/8, fd00::/8 }");
     expect(rules).toContain("add rule inet platform_tenant_61000 output meta skuid 61000 jump tenant");
+    // Replica ports are closed to connections from outside the host, each named once.
+    expect(rules.match(/add element inet platform_tenant_61000 replica_ports \{ 41000 timeout 300s \}/g)).toHaveLength(2);
+    expect(rules).toContain('add rule inet platform_tenant_61000 input iifname != "lo" meta l4proto tcp th dport @replica_ports ct state new reject with tcp reset');
     // Rules are replaced, not added to, when an agent renews the fence; other agents' ports stay.
     expect(rules.indexOf("flush chain inet platform_tenant_61000 tenant")).toBeLessThan(rules.indexOf("add rule inet platform_tenant_61000 tenant"));
     expect(rules).not.toContain("flush set");
     // A table made anew replaces one of an older layout.
-    expect(fenceRuleset({ uid: 61000, routerPorts: [8480], deniedNets: [] }, { fresh: true }).startsWith("add table inet platform_tenant_61000\ndelete table inet platform_tenant_61000\n")).toBe(true);
+    expect(fenceRuleset({ uid: 61000, routerPorts: [8480], replicaPorts: [], deniedNets: [] }, { fresh: true }).startsWith("add table inet platform_tenant_61000\ndelete table inet platform_tenant_61000\n")).toBe(true);
   });
 });
 
@@ -65,7 +68,7 @@ describe("controlPlaneAddresses", () => {
 });
 
 const sandbox = await probeSandbox(TENANT);
-const probe = sandbox.ok && sandbox.user ? await installTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }) : null;
+const probe = sandbox.ok && sandbox.user ? await installTenantFence({ uid: TENANT.uid, routerPorts: [], replicaPorts: [], deniedNets: [] }) : null;
 const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem ?? "no tenant user") : probe && !probe.ok ? probe.reason : "";
 
 describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${skip ? ` (skipped: ${skip})` : ""}`, () => {
@@ -79,10 +82,10 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     udp = dgram.createSocket("udp4");
     await new Promise<void>((resolve) => udp.bind(0, "0.0.0.0", resolve));
     // An agent that stopped renewing its router's port (it stopped, or moved the router)...
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(earlierRouter)], deniedNets: ["198.51.100.0/24"] }, { routerPortTtlS: 1 })).toMatchObject({ ok: true });
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(earlierRouter)], replicaPorts: [], deniedNets: ["198.51.100.0/24"] }, { portTtlS: 1 })).toMatchObject({ ok: true });
     // ...and two agents of one host with the same tenant user: each keeps its own open.
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true, created: false });
-    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(otherRouter)], deniedNets: [] })).toEqual({ ok: true, created: false });
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(router)], replicaPorts: [], deniedNets: ["192.0.2.0/24"] })).toEqual({ ok: true, created: false });
+    expect(await installTenantFence({ uid: TENANT.uid, routerPorts: [portOf(otherRouter)], replicaPorts: [], deniedNets: [] })).toEqual({ ok: true, created: false });
     await new Promise((r) => setTimeout(r, 1500));
   });
   afterAll(async () => {
@@ -186,6 +189,98 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
       expect(answer).toBe("from the tenant\n");
     } finally {
       child.kill("SIGKILL");
+    }
+  });
+});
+
+/**
+ * "Outside the host": a network namespace of its own joined to the host by a veth pair, so its
+ * connections come in on an interface other than lo, as a remote client's would.
+ */
+async function outsideHost(): Promise<{ hostAddress: string; connect(port: number): Promise<string>; remove(): Promise<void> } | string> {
+  const id = `${process.pid % 10000}${Math.floor(Math.random() * 100)}`;
+  const ns = `pft-${id}`;
+  const [hostEnd, farEnd] = [`pfh${id}`, `pff${id}`];
+  const octet = 1 + (Number(id) % 250);
+  const [hostAddress, farAddress] = [`10.231.${octet}.1`, `10.231.${octet}.2`];
+  const remove = async () => {
+    await run("ip", ["link", "delete", hostEnd]).catch(() => undefined);
+    await run("ip", ["netns", "delete", ns]).catch(() => undefined);
+  };
+  try {
+    for (const args of [
+      ["netns", "add", ns],
+      ["link", "add", hostEnd, "type", "veth", "peer", "name", farEnd],
+      ["link", "set", farEnd, "netns", ns],
+      ["addr", "add", `${hostAddress}/30`, "dev", hostEnd],
+      ["link", "set", hostEnd, "up"],
+      ["netns", "exec", ns, "ip", "addr", "add", `${farAddress}/30`, "dev", farEnd],
+      ["netns", "exec", ns, "ip", "link", "set", farEnd, "up"],
+    ]) {
+      await run("ip", args);
+    }
+  } catch (err) {
+    await remove();
+    return `no network namespace to stand for another machine: ${(err as Error).message.split("\n")[0]}`;
+  }
+  const connectFrom = async (port: number) => {
+    const script = `const s = require("node:net").connect({ host: ${JSON.stringify(hostAddress)}, port: ${port}, timeout: 3000 }, () => { s.destroy(); console.log("connected"); });
+      s.on("timeout", () => { s.destroy(); console.log("timeout"); }); s.on("error", (e) => console.log(e.code));`;
+    return (await run("ip", ["netns", "exec", ns, process.execPath, "-e", script])).stdout.trim();
+  };
+  return { hostAddress, connect: connectFrom, remove };
+}
+
+const outside = skip === "" ? await outsideHost() : null;
+const skipOutside = skip !== "" ? skip : typeof outside === "string" ? outside : "";
+
+describe.skipIf(skipOutside !== "")(`replica ports behind the fence${skipOutside ? ` (skipped: ${skipOutside})` : ""}`, () => {
+  const other = typeof outside === "object" && outside ? outside : null;
+  let replica: net.Server;
+  let unguarded: net.Server;
+  beforeAll(async () => {
+    // On every address, as a replica listens.
+    const listenEverywhere = async () => {
+      const server = net.createServer((s) => s.on("error", () => undefined).end("hello\n"));
+      await new Promise<void>((resolve) => server.listen(0, "0.0.0.0", resolve));
+      return server;
+    };
+    [replica, unguarded] = await Promise.all([listenEverywhere(), listenEverywhere()]);
+  });
+  afterAll(async () => {
+    await Promise.all([replica, unguarded].map((s) => new Promise((r) => s?.close(r))));
+    await other?.remove();
+    await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]).catch(() => undefined);
+  });
+
+  it("refuses connections from outside the host to a replica's port, from the moment it is guarded, and lets the host's own through", async () => {
+    const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { replicaPorts: () => [] });
+    try {
+      expect(await other!.connect(portOf(replica))).toBe("connected");
+      await kept.guard(portOf(replica));
+      expect(await other!.connect(portOf(replica))).toBe("ECONNREFUSED");
+      // Another port of the host is no replica's; the host reaches the replica on any of its addresses (Caddy uses 127.0.0.1).
+      expect(await other!.connect(portOf(unguarded))).toBe("connected");
+      expect(await connect(other!.hostAddress, portOf(replica))).toBe("connected");
+      expect(await connect("127.0.0.1", portOf(replica))).toBe("connected");
+    } finally {
+      kept.stop();
+    }
+  });
+
+  it("keeps the ports the runtime names closed across renewals, and lets a gone replica's port go", async () => {
+    const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
+    let ports = [portOf(unguarded)];
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { replicaPorts: () => ports, portTtlS: 2, renewMs: 500 });
+    try {
+      expect(await other!.connect(portOf(unguarded))).toBe("ECONNREFUSED");
+      await new Promise((r) => setTimeout(r, 2500));
+      expect(await other!.connect(portOf(unguarded))).toBe("ECONNREFUSED");
+      ports = [];
+      await expect.poll(() => other!.connect(portOf(unguarded)), { timeout: 5_000, interval: 500 }).toBe("connected");
+    } finally {
+      kept.stop();
     }
   });
 });
