@@ -38,6 +38,7 @@ export interface Lease {
   id: string;
   groupId: string;
   groupSlug: string;
+  /** The slugs renames took from the group, oldest first. */
   formerSlugs: string[];
   mode: LeaseMode;
   expiresAt: Date;

@@ -175,8 +175,11 @@ export async function deleteGroup(transact: Transact, caller: Caller, slug: stri
   const lease = await lockForChange(transact, caller, slug, "delete");
   try {
     const slugs = [lease.groupSlug, ...lease.formerSlugs];
+    // apps-builds moves the group's apps from slug to slug as it hears of each rename, oldest to
+    // newest; asked in that order too, an app moving meanwhile is counted under one slug or the
+    // next (twice at worst), never missed between them.
     let apps = 0;
-    for (const s of slugs) apps += await appsIn(s);
+    for (const s of [...lease.formerSlugs, lease.groupSlug]) apps += await appsIn(s);
     if (apps > 0) {
       throw PlatformError.conflict({
         code: "group_has_apps",
