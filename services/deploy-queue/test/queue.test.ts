@@ -475,6 +475,8 @@ describe("cancel", () => {
     await client.completeAction({ actionId: buildId, hostId: "h-cancel", status: "cancelled" });
     // The agent stopped instead of entering "build": the phase stays the last one it ran.
     expect(await row(buildId)).toMatchObject({ status: "cancelled", phase: "clone" });
+    // Asked again once it ended: nothing to cancel, and the cancel asked of it in flight is still said.
+    expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "not_cancellable", cancelled: true, cancelRequested: true });
   });
 
   it("refuses past the point of no return", async () => {

@@ -45,7 +45,8 @@ export async function cancelAction(em: EntityManager, caller: Caller, id: string
     actionId: action.id,
     status,
     cancelled: action.status === "cancelled",
-    cancelRequested: action.cancelRequested && action.status === "in_progress",
+    // Asked of it in flight, by this call or an earlier one, whatever it has become since.
+    cancelRequested: action.cancelRequested,
     queueStatus: queueStatus(action),
     dependentsCancelled,
     appName: action.appName,
