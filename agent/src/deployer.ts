@@ -104,8 +104,10 @@ export interface DeployerDeps {
   /** Removes tags' archives from the fleet's image store (undeploy with purge). */
   deleteImages(app: string, tags: string[]): Promise<void>;
   healthTimeoutMs: number;
-  /** A free port for a new replica, closed to the outside before it is handed out; freePort unless set. */
+  /** A free port for a new replica, being closed to the outside (portsGuarded); freePort unless set. */
   replicaPort?(): Promise<number>;
+  /** Resolves once the ports replicaPort handed out are closed to the outside: before a swap routes to them. */
+  portsGuarded?(): Promise<void>;
   /** How long the old colour keeps its connections after the flip before it is stopped. */
   drainMs: number;
   /** Grace between SIGTERM and SIGKILL when a replica is stopped. */
@@ -386,6 +388,7 @@ export class Deployer {
 
       await enter("ready");
       emit("info", "Every service passed its checks");
+      await d.portsGuarded?.();
 
       // The swap commit is written to the host state, then confirmed by the queue before the route
       // moves: from the confirmation on, cancel is refused. An agent that stops in between finds

@@ -97,10 +97,20 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },
     });
   });
+  // A new replica's port is closed to the outside while the replica starts (an nft call takes
+  // about as long as a process starting to listen); a deploy waits for it before its swap.
+  const guarding = new Set<Promise<void>>();
   const replicaPort = async () => {
     const port = await freePort();
-    await o.guardPort?.(port);
+    const guarded = o.guardPort?.(port);
+    if (guarded) {
+      guarding.add(guarded);
+      void guarded.finally(() => guarding.delete(guarded));
+    }
     return port;
+  };
+  const portsGuarded = async () => {
+    await Promise.all([...guarding]);
   };
   // The replicas' port mover, once the routes are kept (restarts before that keep their port).
   let routesKeeper: Deployer | null = null;
@@ -175,6 +185,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     drainMs: DRAIN_MS,
     stopGraceMs: STOP_GRACE_MS,
     replicaPort,
+    portsGuarded,
   };
   const resolve = async (job: DeployJob) => {
     const r = await untilAnswered(() => o.apps.resolveRelease({ appName: job.app_name, branch: job.branch, groupSlug: job.group_slug, imageTag: job.image_tag ?? "" }), {

@@ -131,6 +131,34 @@ it("fetches an image this host lacks, then runs and routes the release", async (
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
 });
 
+it("routes new replicas only once their ports are closed to the outside", async () => {
+  const handedOut: number[] = [];
+  let guarded: () => void = () => undefined;
+  const guarding = new Promise<void>((resolve) => (guarded = resolve));
+  const seen: string[] = [];
+  const guardedDeployer = new Deployer({
+    ...baseDeps,
+    replicaPort: async () => {
+      const [port] = await freePorts(1);
+      handedOut.push(port!);
+      return port!;
+    },
+    portsGuarded: () => guarding,
+    phase: async (name) => {
+      seen.push(name);
+      return false;
+    },
+  });
+  const deploying = guardedDeployer.deploy({ ...job, action_id: randomUUID() });
+  await expect.poll(() => seen, { timeout: 30_000 }).toContain("ready");
+  await new Promise((r) => setTimeout(r, 300));
+  expect(seen).not.toContain("swap_committed");
+  guarded();
+  expect(await deploying).toMatchObject({ status: "completed" });
+  expect(handedOut).toHaveLength(1);
+  expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
+});
+
 it("runs a release whose tree this host's build kept, with no image anywhere to fetch", async () => {
   const kept = "main-89abcdef";
   await cp(FIXTURE, releaseDir(path.join(dir, "run"), "acme", "node-web", "main", kept), { recursive: true });
