@@ -119,7 +119,7 @@ export const appSchema = {
     },
     build_count: { type: "integer" },
     running_version: nullableString,
-    running_build_id: { ...nullableString, description: "The build that made the running release (also after a redeploy or scale of its tag); null for a retry or when no build of the tag is known (not reported, never a guess)." },
+    running_build_id: { ...nullableString, description: "The build whose deploy (queued with it: auto_deploy, or a redeploy with rebuild) put the running release in place. Null after a no-build deploy (POST /api/deployments of a tag, a redeploy of the image, a scale) or a retry: not reported, never a guess." },
     running_since: nullableString,
     urls: {
       type: "array",

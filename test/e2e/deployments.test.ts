@@ -215,11 +215,11 @@ describe("a build deployed by the agent", () => {
     expect(again.body).toMatchObject({ mode: "image", image_tag: v3.tag, status: "queued" });
     const redeployed = await waitFor(async () => (await call(api, "GET", `/deployments/${again.body.deployment_id}`, { credential: acme })).body, (d) => d.status === "completed", 60_000);
     expect(redeployed.previous_tag).toBe(v3.tag);
-    // The redeploy queued no build (its build_id is null), but the release it ships was made by
-    // v3's build: running_build_id names that build, known, not guessed (rule 5).
+    // The redeploy queued no build (its build_id is null): a no-build deploy, so running_build_id
+    // is not reported once it serves (spec 2.1 rule 5), though the tag is v3's.
     expect(again.body.build_id).toBeNull();
     await expect.poll(async () => Date.parse((await getApp()).running_since), { timeout: 10_000 }).toBe(Date.parse(redeployed.completed_at));
-    expect(await getApp()).toMatchObject({ running_version: v3.tag, running_build_id: v3.buildId });
+    expect(await getApp()).toMatchObject({ running_version: v3.tag, running_build_id: null });
   });
 
   it("refuses to queue a deployment of a service the release does not declare, or static-site settings for a container app, nothing queued", async () => {

@@ -142,7 +142,10 @@ export async function queueDeployment(
     deployWarnings: [],
     payload: {
       deployment_id: id,
-      build_id: release.buildId || null,
+      // A deploy of an image that exists is a no-build deploy: nothing attributes what it runs to a
+      // build, so running_build_id goes null when it completes (spec 2.1 rule 5). The deploy of a
+      // build is queued with it, at intake.
+      build_id: null,
       app_name: release.appName,
       branch: release.branch,
       group_slug: release.groupSlug,
