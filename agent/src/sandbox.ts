@@ -11,7 +11,8 @@
  * binary cannot lift it back). The host's files only root may read stay unread, what the code
  * must write is handed over to the tenant user (handOver), and the tenant fence (tenant-fence.ts)
  * can tell its connections from everyone else's. A seccomp filter (seccomp.ts) keeps it from
- * creating user namespaces. The network stays shared: a replica listens on its PORT for Caddy, a
+ * creating user namespaces, and a Landlock scope (landlock.ts) from abstract unix sockets and
+ * signals outside its sandbox. The network stays shared: a replica listens on its PORT for Caddy, a
  * build fetches its packages.
  *
  * Whether the host can sandbox is probed at run time; without bubblewrap (or the namespaces it
@@ -24,6 +25,7 @@ import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
+import { landlockScope } from "./landlock.ts";
 import { userNamespaceFilter } from "./seccomp.ts";
 
 /** The unprivileged user tenant code runs as. */
@@ -42,9 +44,11 @@ export interface SandboxUser {
  * `user`: how commands become the tenant user, null when they run as the agent's own (with
  * `userProblem` saying why, when the tenant user was asked for). `seccomp`: the file of the
  * seccomp filter (seccomp.ts) commands run under, null when none could be used (`seccompProblem`).
+ * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts), empty
+ * when it cannot be done here (`scopeProblem`).
  */
 export type SandboxProbe =
-  | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string }
+  | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string; scope: string[]; scopeProblem?: string }
   | { ok: false; reason: string };
 
 /**
@@ -86,8 +90,8 @@ async function tryBwrap(bwrap: string, seccomp: string | null, args: string[]): 
 export async function probeSandbox(runAs: TenantUser | null = null): Promise<SandboxProbe> {
   const bwrap = await findOnPath("bwrap");
   if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
-  const probe = (user: SandboxUser | null, seccomp: string | null) =>
-    tryBwrap(bwrap, seccomp, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null), "--", ...asUser(user), "true"]);
+  const probe = (user: SandboxUser | null, seccomp: string | null, scope: string[] = []) =>
+    tryBwrap(bwrap, seccomp, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null), "--", ...asUser(user), ...scope, "true"]);
   const failed = await probe(null, null);
   if (failed) return { ok: false, reason: failed };
   let user: SandboxUser | null = null;
@@ -99,7 +103,20 @@ export async function probeSandbox(runAs: TenantUser | null = null): Promise<San
   }
   const filter = await writeSeccompFilter();
   const seccompProblem = filter ? await probe(user, filter) : `no seccomp filter is written for ${process.arch}`;
-  return { ok: true, bwrap, user, userProblem, seccomp: seccompProblem ? null : filter, ...(seccompProblem ? { seccompProblem } : {}) };
+  const seccomp = seccompProblem ? null : filter;
+  const shim = await landlockScope();
+  // Landlock needs no_new_privs, which only the drop to the tenant user sets.
+  const scopeProblem = !user ? "commands do not run as the tenant user" : !shim ? "python3 is not on the system PATH" : await probe(user, seccomp, shim);
+  return {
+    ok: true,
+    bwrap,
+    user,
+    userProblem,
+    seccomp,
+    ...(seccompProblem ? { seccompProblem } : {}),
+    scope: scopeProblem ? [] : shim!,
+    ...(scopeProblem ? { scopeProblem } : {}),
+  };
 }
 
 /** The prefix that makes a command run as the tenant user, with no way back to the agent's. */
@@ -229,6 +246,7 @@ interface SandboxHost {
   bwrap: string;
   user: SandboxUser | null;
   seccomp: string | null;
+  scope: string[];
 }
 
 /** One host's sandbox for one kind of tenant code: probed once, then wraps each command. */
@@ -256,12 +274,13 @@ export class Sandbox {
         this.#logger?.warn({ reason: probe.reason }, `${this.#what} run without a sandbox`);
         return null;
       }
-      const { bwrap, user, seccomp } = probe;
+      const { bwrap, user, seccomp, scope } = probe;
       if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
       else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
       else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
       if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces (no seccomp filter)`);
-      return { bwrap, user, seccomp };
+      if (probe.scopeProblem && user) this.#logger?.warn({ reason: probe.scopeProblem }, `${this.#what} may reach the host's abstract unix sockets (no Landlock scope)`);
+      return { bwrap, user, seccomp, scope };
     });
     return this.#host;
   }
@@ -276,7 +295,7 @@ export class Sandbox {
     const host = await this.ready();
     if (!host) return { argv, sandboxed: false };
     const hidden = await this.#hidden(cmd.writable, host.user !== null);
-    return { argv: launch(host.bwrap, host.seccomp, [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), "--", ...asUser(host.user), ...argv]), sandboxed: true };
+    return { argv: launch(host.bwrap, host.seccomp, [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), "--", ...asUser(host.user), ...host.scope, ...argv]), sandboxed: true };
   }
 
   /**

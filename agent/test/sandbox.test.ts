@@ -39,6 +39,8 @@ describe("hostSecrets", () => {
 });
 
 const TENANT = { uid: 61000, gid: 61000 };
+const asTenant = sandbox.ok ? await probeSandbox(TENANT) : sandbox;
+const noScope = !asTenant.ok ? asTenant.reason : (asTenant.scopeProblem ?? "");
 
 describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, () => {
   let dir: string;
@@ -143,6 +145,32 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     });
     // The host's own view is untouched.
     expect(await new Promise((resolve) => net.connect(path.join(dir, "daemon.sock")).on("data", (d) => resolve(String(d))))).toBe("hello from the host's socket\n");
+  });
+
+  it.skipIf(noScope !== "")(`keeps tenant code from the host's abstract unix sockets and from signals past its sandbox; its own socket it reaches${noScope ? ` (skipped: ${noScope})` : ""}`, async () => {
+    const hostName = `\0platform-sandbox-test-${process.pid}`;
+    const host = net.createServer((c) => c.on("error", () => undefined).end("from the host\n"));
+    await new Promise<void>((resolve) => host.listen(hostName, resolve));
+    try {
+      const seen = await run(`
+        const net = require("node:net");
+        const reach = (name) => new Promise((resolve) => {
+          const c = net.connect(name, () => { c.destroy(); resolve("connected"); });
+          c.on("error", (e) => resolve(e.code));
+        });
+        const own = net.createServer((c) => c.end());
+        own.listen("\\0own-${process.pid}", async () => {
+          let signal = "sent";
+          try { process.kill(1, 0); } catch (e) { signal = e.code; }
+          const out = { host: await reach(${JSON.stringify(hostName)}), own: await reach("\\0own-${process.pid}"), signal };
+          own.close();
+          console.log(JSON.stringify(out));
+        });
+      `);
+      expect(seen).toEqual({ host: "EPERM", own: "connected", signal: "EPERM" });
+    } finally {
+      await new Promise((r) => host.close(r));
+    }
   });
 
   it("hands a tree over to the tenant user, who then writes it; a link is handed over, never what it points to", async () => {

@@ -1,0 +1,39 @@
+/**
+ * Landlock scoping for tenant code (Linux 6.12+, Landlock ABI 6): a sandboxed command cannot
+ * connect to an abstract unix socket, or send a signal, outside its own Landlock domain. Abstract
+ * unix sockets live in the network namespace, which tenant code shares with the host (sandbox.ts),
+ * and no file permission guards them: without the scope, tenant code reaches the host's daemons
+ * that listen on one, and other tenants' apps that do.
+ *
+ * Nothing on a Debian host applies a Landlock scope to a command (setpriv of util-linux 2.38 knows
+ * none), so a few lines of Python do it between setpriv and the command: create a ruleset that
+ * handles nothing but the scopes, restrict the process to it (setpriv has set no_new_privs), and
+ * exec the command, which keeps the domain, as do its children. Each command gets a domain of its
+ * own: sandboxes cannot reach each other's sockets either.
+ */
+import { DEFAULT_PATH, findOnPath } from "./quiet-command.ts";
+
+/** LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL. */
+const SCOPES = 0x1 | 0x2;
+
+/**
+ * landlock_create_ruleset (444) and landlock_restrict_self (446) are numbered alike on every
+ * architecture. struct landlock_ruleset_attr: handled_access_fs, handled_access_net, scoped.
+ */
+const SHIM = `
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+attr = ctypes.create_string_buffer(struct.pack("QQQ", 0, 0, ${SCOPES}), 24)
+fd = libc.syscall(444, attr, ctypes.c_size_t(24), ctypes.c_uint32(0))
+if fd < 0 or libc.syscall(446, fd, ctypes.c_uint32(0)) != 0:
+    sys.exit("landlock scope: " + os.strerror(ctypes.get_errno()))
+os.close(fd)
+os.execvp(sys.argv[1], sys.argv[1:])
+`;
+
+/** The prefix that runs a command in a Landlock domain of its own; null without python3 on the system PATH. */
+export async function landlockScope(): Promise<string[] | null> {
+  // The system's python, not one of a user's PATH (pyenv shims live under a home the sandbox hides).
+  const python = await findOnPath("python3", DEFAULT_PATH);
+  return python ? [python, "-S", "-I", "-c", SHIM] : null;
+}
