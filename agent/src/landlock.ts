@@ -9,7 +9,9 @@
  * none), so a few lines of Python do it between setpriv and the command: create a ruleset that
  * handles nothing but the scopes, restrict the process to it (setpriv has set no_new_privs), and
  * exec the command, which keeps the domain, as do its children. Each command gets a domain of its
- * own: sandboxes cannot reach each other's sockets either.
+ * own: sandboxes cannot reach each other's sockets either. The command gets the environment the
+ * shim was given (/proc/self/environ), not Python's: under the C locale Python adds LC_CTYPE to
+ * its own, and a tenant's variables must not be able to steer the shim (-I ignores PYTHON*).
  */
 import { DEFAULT_PATH, findOnPath } from "./quiet-command.ts";
 
@@ -28,7 +30,8 @@ fd = libc.syscall(444, attr, ctypes.c_size_t(24), ctypes.c_uint32(0))
 if fd < 0 or libc.syscall(446, fd, ctypes.c_uint32(0)) != 0:
     sys.exit("landlock scope: " + os.strerror(ctypes.get_errno()))
 os.close(fd)
-os.execvp(sys.argv[1], sys.argv[1:])
+env = dict(e.split(b"=", 1) for e in open("/proc/self/environ", "rb").read().split(b"\\0") if b"=" in e)
+os.execvpe(sys.argv[1], sys.argv[1:], env)
 `;
 
 /** The prefix that runs a command in a Landlock domain of its own; null without python3 on the system PATH. */

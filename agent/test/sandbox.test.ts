@@ -173,6 +173,13 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     }
   });
 
+  it.skipIf(noScope !== "")(`hands the command its environment as given, through the Landlock scope${noScope ? ` (skipped: ${noScope})` : ""}`, async () => {
+    const { argv } = await box().wrap(["/usr/bin/env"], { writable: [], chdir: "/", dieWithParent: true });
+    // No locale: Python, which applies the scope, would add LC_CTYPE to its own.
+    const { stdout } = await promisify(execFile)(argv[0]!, argv.slice(1), { env: { PATH: "/usr/bin:/bin", GREETING: "a=b", EMPTY: "" } });
+    expect(stdout.split("\n").filter((l) => l && !l.startsWith("PWD=")).sort()).toEqual(["EMPTY=", "GREETING=a=b", "PATH=/usr/bin:/bin"]);
+  });
+
   it("hands a tree over to the tenant user, who then writes it; a link is handed over, never what it points to", async () => {
     const tree = path.join(dir, "tree");
     const before = await run(`
