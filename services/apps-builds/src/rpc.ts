@@ -12,6 +12,7 @@ import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
 import { resolveClaimedRelease, resolveRelease } from "./domain/releases.ts";
 import { buildCounts } from "./domain/builds.ts";
+import { servingVersion } from "./domain/deploy-state.ts";
 import { setPrimaryServices, setServiceReplicas } from "./domain/scale.ts";
 import { appBranches, deleteApp, findApp, listApps } from "./domain/apps.ts";
 import { nextBranchPreview } from "./domain/next-branch.ts";
@@ -60,7 +61,7 @@ export function appMsg(a: App, router: RouterSettings, builds: number, single?: 
     latestBuild: a.latestBuild ?? undefined,
     buildCount: builds,
     // Null whenever nothing serves (spec 2.1 rule 4).
-    runningVersion: undeployed ? undefined : (a.runningVersion ?? undefined),
+    runningVersion: servingVersion(a) ?? undefined,
     runningBuildId: undeployed ? undefined : (a.runningBuildId ?? undefined),
     runningSince: undeployed ? undefined : iso(a.runningSince),
     databaseEnabled: a.databaseEnabled,
@@ -254,7 +255,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
               preflightStatus: a.preflightStatus,
               latestBuild: a.latestBuild ?? undefined,
               createdAt: iso(a.createdAt),
-              runningVersion: a.deployStatus === "undeployed" ? undefined : (a.runningVersion ?? undefined),
+              runningVersion: servingVersion(a) ?? undefined,
             }),
           ),
         };

@@ -14,7 +14,7 @@ import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { checkConfigPath, registerApp, registrationHolder } from "./registration.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 import { quarantinedAtRegistration, requirePreflightPassed } from "./preflight.ts";
-import { applyDeployUpdate, DEPLOY_ACTION_TYPES, type DeployActionUpdate } from "./deploy-state.ts";
+import { applyDeployUpdate, DEPLOY_ACTION_TYPES, servingVersion, type DeployActionUpdate } from "./deploy-state.ts";
 
 export interface TriggerInput {
   appName: string;
@@ -114,7 +114,8 @@ const APP_FOR_BUILD = `select id, app_name, display_name, group_slug, branch, br
  * row and event are written, or neither, and only while its apps row still holds the values
  * they were made from and the build is admitted. The apps rows are held in share mode
  * meanwhile, as in `triggerBuild`, for a rename's re-key. What it returns is the ids of the
- * builds written. The event names the tag serving when the row was admitted (`previous_tag`).
+ * builds written. The event names the tag serving when the row was admitted (`previous_tag`, as
+ * servingVersion says it).
  */
 const INSERT_BUILDS = `with input as (
     select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::boolean[], $9::uuid[], $10::text[],
@@ -307,7 +308,7 @@ async function queueBuild(em: EntityManager, caller: Caller, app: App, input: Tr
     const { row, event } = acceptBuild(app, caller, input);
     if (await em.findOne(Build, { appName: row.appName, tag: row.tag })) continue;
     em.create(Build, { ...row, status: "queued", queueStatus: "queued", codebuildPhase: "SUBMITTED", images: [] });
-    enqueueEvent(em, subjects.events.buildRequested, { ...event, previous_tag: app.deployStatus === "undeployed" ? null : app.runningVersion });
+    enqueueEvent(em, subjects.events.buildRequested, { ...event, previous_tag: servingVersion(app) });
     return { buildId: row.id, tag: row.tag, appName: app.appName };
   }
 }

@@ -23,6 +23,11 @@ import { announceBuildsDeleted } from "./purge.ts";
 
 export const DEPLOY_ACTION_TYPES = new Set(["DEPLOY", "RETRY", "UNDEPLOY"]);
 
+/** The tag serving on an app's branch: null whenever it is undeployed (rule 4). */
+export function servingVersion(app: Pick<App, "deployStatus" | "runningVersion">): string | null {
+  return app.deployStatus === "undeployed" ? null : (app.runningVersion ?? null);
+}
+
 export interface DeployActionUpdate {
   action_id: string;
   action_type: string;

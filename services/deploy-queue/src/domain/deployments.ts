@@ -304,8 +304,8 @@ export async function lockedRetryTarget(em: EntityManager, groupSlug: string, ap
  * the app lane asked for after it (a deploy queued since must be undeployed again), and asked
  * with the same purge (the answer says whether it purges). One in progress is not: the answer
  * says `queued` (spec 4.5), and what it took down may have been started again since it began.
- * Null when a new undeploy is needed. Taken under a
- * lock held until the transaction commits, so of two undeploys asked at once one is queued.
+ * Null when a new undeploy is needed. Taken under a lock held until the transaction commits, so
+ * of two undeploys asked at once one is queued.
  */
 export async function pendingUndeploy(em: EntityManager, caller: Caller, target: { groupSlug: string; appName: string; branch: string }, purge: boolean): Promise<Action | null> {
   if (!canAct(caller, target.groupSlug)) throw PlatformError.notFound(`App '${target.appName}' not found`);
