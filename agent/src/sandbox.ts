@@ -26,7 +26,7 @@ import path from "node:path";
 import type { Logger } from "@platform/logger";
 import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
 import { landlockScope } from "./landlock.ts";
-import { userNamespaceFilter } from "./seccomp.ts";
+import { sandboxFilter } from "./seccomp.ts";
 
 /** The unprivileged user tenant code runs as. */
 export interface TenantUser {
@@ -64,11 +64,11 @@ let seccompFile: Promise<string | null> | null = null;
 /** The seccomp filter, written once per process to a directory of its own (removed at exit). */
 function writeSeccompFilter(): Promise<string | null> {
   seccompFile ??= (async () => {
-    const filter = userNamespaceFilter();
+    const filter = sandboxFilter();
     if (!filter) return null;
     const dir = await mkdtemp(path.join(os.tmpdir(), "platform-sandbox-"));
     process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
-    const file = path.join(dir, "userns.bpf");
+    const file = path.join(dir, "sandbox.bpf");
     await writeFile(file, filter, { mode: 0o600 });
     return file;
   })();
@@ -278,7 +278,7 @@ export class Sandbox {
       if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
       else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
       else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
-      if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces (no seccomp filter)`);
+      if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces and share ports (no seccomp filter)`);
       if (probe.scopeProblem && user) this.#logger?.warn({ reason: probe.scopeProblem }, `${this.#what} may reach the host's abstract unix sockets (no Landlock scope)`);
       return { bwrap, user, seccomp, scope };
     });

@@ -56,7 +56,7 @@ const ARCHES: Record<string, ArchCalls[]> = {
 type Insn = { code: number; k: number; jt?: string; jf?: string } | { label: string };
 
 /** The filter for the architecture node runs on; null where none is known (no filter then). */
-export function userNamespaceFilter(arch: string = process.arch): Buffer | null {
+export function sandboxFilter(arch: string = process.arch): Buffer | null {
   const arches = ARCHES[arch];
   if (!arches) return null;
   const program: Insn[] = [{ code: LD_W_ABS, k: ARCH }];
