@@ -5,17 +5,18 @@
  * as an archive for tag `{branch}-{hash}` and published to the fleet's image store. Cancel is
  * honoured between phases; the whole build has a deadline.
  */
-import { spawn } from "node:child_process";
+import { spawn, type ChildProcessByStdio } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
+import type { Readable } from "node:stream";
 import { normalizeAppConfig, parseAppConfigYaml, problemText, problemsSummary } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import { DEFAULT_PATH } from "./quiet-command.ts";
-import type { Sandbox } from "./sandbox.ts";
+import type { OwnNetwork, Sandbox } from "./sandbox.ts";
 import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
 
 export interface BuildJob {
@@ -145,23 +146,35 @@ function runCommand(
     onLine: (line: string, stream: "stdout" | "stderr") => void;
     /** Asked after each chunk of output: a promise pauses reading until it resolves (see BuildDeps.logRoom). */
     room?: () => Promise<void> | null;
+    /** How to spawn a command wrapped with a network of its own (Sandbox.wrap). */
+    network?: OwnNetwork | null;
   },
-): Promise<{ code: number | null; timedOut: boolean }> {
+): Promise<{ code: number | null; timedOut: boolean; networkProblem?: string }> {
   const remaining = opts.deadline - Date.now();
   if (remaining <= 0) return Promise.resolve({ code: null, timedOut: true });
   return new Promise((resolve, reject) => {
     const [file, ...args] = argv;
     const run = randomBytes(8).toString("hex");
-    const child = spawn(file!, args, { cwd: opts.cwd, env: { ...opts.env, [RUN_MARK]: run }, stdio: ["ignore", "pipe", "pipe"], detached: true });
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
+    const base: Array<"ignore" | "pipe"> = ["ignore", "pipe", "pipe"];
+    const stdio = opts.network ? opts.network.stdio(base) : base;
+    const child = spawn(file!, args, { cwd: opts.cwd, env: { ...opts.env, [RUN_MARK]: run }, stdio, detached: true }) as ChildProcessByStdio<null, Readable, Readable>;
+    const kill = () => {
       try {
         if (child.pid) process.kill(-child.pid, "SIGKILL");
       } catch {
         child.kill("SIGKILL");
       }
+    };
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      kill();
     }, remaining);
+    let networkProblem: string | undefined;
+    opts.network?.attach(child).catch((e: Error) => {
+      networkProblem = e.message;
+      kill();
+    });
     const splitter = (stream: "stdout" | "stderr") => {
       const decoder = new StringDecoder("utf8");
       let rest = "";
@@ -224,7 +237,7 @@ function runCommand(
       out.end();
       err.end();
       // A process the command left behind ends with it (see killLeftovers), done or timed out.
-      void killLeftovers(run).then(() => resolve({ code, timedOut }));
+      void killLeftovers(run).then(() => resolve({ code, timedOut, ...(networkProblem ? { networkProblem } : {}) }));
     };
     let drain: NodeJS.Timeout | undefined;
     // The command's end is its own process's exit. Its output pipes may stay open past that, held by
@@ -423,7 +436,8 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
-      const argv = deps.sandbox ? (await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true })).argv : command;
+      const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true }) : null;
+      const argv = wrapped?.argv ?? command;
       const run = await withLimits(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
         runCommand(limited, {
           cwd: src,
@@ -431,8 +445,10 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
           deadline,
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
           room: deps.logRoom,
+          network: wrapped?.network,
         }),
       );
+      if (run.networkProblem) throw new BuildFailure(`The build command of service ${name} could not be given its network: ${run.networkProblem}`);
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0 && run.oomKilled) {
         throw new BuildFailure(`The build command of service ${name} was killed for using more than ${deps.memory!.limitMb} MB of memory (the agent's AGENT_BUILD_MEMORY_MB).`);

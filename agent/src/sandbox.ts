@@ -12,13 +12,15 @@
  * must write is handed over to the tenant user (handOver), and the tenant fence (tenant-fence.ts)
  * can tell its connections from everyone else's. A seccomp filter (seccomp.ts) keeps it from
  * creating user namespaces, and a Landlock scope (landlock.ts) from abstract unix sockets and
- * signals outside its sandbox. The network stays shared: a replica listens on its PORT for Caddy, a
- * build fetches its packages.
+ * signals outside its sandbox. A replica shares the host's network: it listens on its PORT for
+ * Caddy. A build command gets a network namespace of its own where the host can make one
+ * (own-network.ts), and the host's otherwise.
  *
  * Whether the host can sandbox is probed at run time; without bubblewrap (or the namespaces it
  * needs) tenant code runs unsandboxed, and without setpriv as the agent's user; the agent says so
  * in its log.
  */
+import { spawn, type ChildProcess } from "node:child_process";
 import { rmSync } from "node:fs";
 import { chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -27,6 +29,7 @@ import type { Logger } from "@platform/logger";
 import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
 import { landlockScope } from "./landlock.ts";
 import { sandboxFilter } from "./seccomp.ts";
+import { attachOwnNetwork, ownNetworkArgs, ownNetworkStdio, ownResolvConf, type OwnNetworkTool } from "./own-network.ts";
 
 /** The unprivileged user tenant code runs as. */
 export interface TenantUser {
@@ -59,20 +62,61 @@ function launch(bwrap: string, seccomp: string | null, args: string[]): string[]
   return seccomp ? ["/bin/sh", "-c", 'exec 3<"$0" && exec "$@"', seccomp, bwrap, ...args] : [bwrap, ...args];
 }
 
+let filesDir: Promise<string> | null = null;
+
+/** The files sandboxes are made with, written once per process to a directory of its own (removed at exit). */
+function sandboxFile(name: string, content: string | Buffer, mode: number): Promise<string> {
+  filesDir ??= mkdtemp(path.join(os.tmpdir(), "platform-sandbox-")).then((dir) => {
+    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+    return dir;
+  });
+  return filesDir.then(async (dir) => {
+    const file = path.join(dir, name);
+    await writeFile(file, content, { mode });
+    return file;
+  });
+}
+
 let seccompFile: Promise<string | null> | null = null;
 
-/** The seccomp filter, written once per process to a directory of its own (removed at exit). */
+/** The seccomp filter, written once per process. */
 function writeSeccompFilter(): Promise<string | null> {
   seccompFile ??= (async () => {
     const filter = sandboxFilter();
-    if (!filter) return null;
-    const dir = await mkdtemp(path.join(os.tmpdir(), "platform-sandbox-"));
-    process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
-    const file = path.join(dir, "sandbox.bpf");
-    await writeFile(file, filter, { mode: 0o600 });
-    return file;
+    return filter ? sandboxFile("sandbox.bpf", filter, 0o600) : null;
   })();
   return seccompFile;
+}
+
+/**
+ * How build commands get a network namespace of their own here, or why they cannot: tried once,
+ * with `true` in a sandbox such as theirs.
+ */
+async function probeOwnNetwork(bwrap: string, user: SandboxUser, seccomp: string | null, scope: string[]): Promise<{ tool: OwnNetworkTool } | { problem: string }> {
+  const slirp = await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin:/sbin`);
+  if (!slirp) return { problem: "slirp4netns is not installed" };
+  const resolv = await ownResolvConf();
+  const tool: OwnNetworkTool = { slirp, setpriv: user.setpriv, runAs: user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };
+  const argv = launch(bwrap, seccomp, [
+    ...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null),
+    ...ownNetworkArgs(tool),
+    "--",
+    ...asUser(user),
+    ...scope,
+    "/bin/sh", "-c", "grep -q tap0: /proc/net/dev",
+  ]);
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: ownNetworkStdio(["ignore", "ignore", "pipe"]) });
+  let stderr = "";
+  child.stderr!.on("data", (c: Buffer) => (stderr += c.toString("utf8")));
+  const exited = new Promise<number | null>((resolve) => {
+    child.once("error", () => resolve(null));
+    child.once("exit", (code) => resolve(code));
+  });
+  const attached = await attachOwnNetwork(child, tool).then(() => null, (err: Error) => err.message);
+  if (attached) child.kill("SIGKILL");
+  const code = await exited;
+  if (attached) return { problem: attached };
+  return code === 0 ? { tool } : { problem: `a sandbox with its own network failed here (exit code ${code}): ${stderr.trim() || "no output"}` };
 }
 
 /** Runs bubblewrap with `args`; null when it exited 0, else what went wrong. */
@@ -130,6 +174,11 @@ export interface SandboxedCommand {
   writable: string[];
   /** The working directory of the command, inside the sandbox. */
   chdir: string;
+  /**
+   * A network namespace of its own (own-network.ts), where the host can make one: a build
+   * command's. Its spawn must then use the stdio and attach of `wrap`'s `network`.
+   */
+  ownNetwork?: boolean;
   /**
    * Whether the command dies with the agent. A build does (the agent that would collect its
    * output is gone); a replica must outlive the agent, so it does not.
@@ -249,6 +298,13 @@ interface SandboxHost {
   scope: string[];
 }
 
+/** How to spawn a command wrapped with a network of its own: its stdio, and what to do once it is spawned. */
+export interface OwnNetwork {
+  stdio(base: Array<"ignore" | "pipe" | number>): Array<"ignore" | "pipe" | number>;
+  /** Gives the spawned command its network and lets it run; rejects when it cannot (the caller ends the command). */
+  attach(child: ChildProcess): Promise<void>;
+}
+
 /** One host's sandbox for one kind of tenant code: probed once, then wraps each command. */
 export class Sandbox {
   readonly #hide: string[];
@@ -257,6 +313,7 @@ export class Sandbox {
   readonly #what: string;
   readonly #runAs: TenantUser | null;
   #host: Promise<SandboxHost | null> | null = null;
+  #network: Promise<OwnNetworkTool | null> | null = null;
 
   constructor(opts: SandboxOptions) {
     this.#hide = opts.hide.map((p) => path.resolve(p));
@@ -290,12 +347,29 @@ export class Sandbox {
     return (await this.ready())?.user?.runAs ?? null;
   }
 
-  /** `argv` as run on this host: inside the sandbox when there is one. */
-  async wrap(argv: string[], cmd: SandboxedCommand): Promise<{ argv: string[]; sandboxed: boolean }> {
+  /** How build commands get a network of their own here; null: they share the host's (and why is logged once). */
+  #ownNetwork(host: SandboxHost): Promise<OwnNetworkTool | null> {
+    this.#network ??= (async () => {
+      const probed = host.user ? await probeOwnNetwork(host.bwrap, host.user, host.seccomp, host.scope) : { problem: "commands do not run as the tenant user" };
+      if ("tool" in probed) {
+        this.#logger?.info({ slirp4netns: probed.tool.slirp }, `${this.#what} run with a network namespace of their own`);
+        return probed.tool;
+      }
+      this.#logger?.warn({ reason: probed.problem }, `${this.#what} share the host's network: a command's own listeners on 127.0.0.1 are fenced off from it`);
+      return null;
+    })();
+    return this.#network;
+  }
+
+  /** `argv` as run on this host: inside the sandbox when there is one. `network` says how to spawn it when it has its own. */
+  async wrap(argv: string[], cmd: SandboxedCommand): Promise<{ argv: string[]; sandboxed: boolean; network: OwnNetwork | null }> {
     const host = await this.ready();
-    if (!host) return { argv, sandboxed: false };
+    if (!host) return { argv, sandboxed: false, network: null };
     const hidden = await this.#hidden(cmd.writable, host.user !== null);
-    return { argv: launch(host.bwrap, host.seccomp, [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), "--", ...asUser(host.user), ...host.scope, ...argv]), sandboxed: true };
+    const tool = cmd.ownNetwork ? await this.#ownNetwork(host) : null;
+    const args = [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), ...(tool ? ownNetworkArgs(tool) : [])];
+    const network = tool ? { stdio: ownNetworkStdio, attach: (child: ChildProcess) => attachOwnNetwork(child, tool) } : null;
+    return { argv: launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...host.scope, ...argv]), sandboxed: true, network };
   }
 
   /**

@@ -6,6 +6,7 @@
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { existsSync } from "node:fs";
 import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/fixtures/git.ts";
@@ -14,6 +15,7 @@ import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
 import { probeCgroup } from "../src/cgroups.ts";
+import { findOnPath } from "../src/quiet-command.ts";
 
 // Build commands run as the agent runs them: sandboxed where this machine can, as the tenant user.
 const TENANT = { uid: 61000, gid: 61000 };
@@ -211,6 +213,48 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
   } finally {
     await fixture.cleanup();
     await rm(outside, { recursive: true, force: true });
+  }
+});
+
+const slirp = sandbox.ok && sandbox.user ? await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin`) : null;
+const noOwnNetwork = !sandbox.ok ? noSandbox : !sandbox.user ? ` (skipped: ${sandbox.userProblem})` : !slirp ? " (skipped: slirp4netns is not installed)" : "";
+it.skipIf(noOwnNetwork !== "")(`gives a build command a network of its own: it serves itself on 127.0.0.1, and no listener of the host's loopback is in sight (what it reaches outward: tenant-fence.test.ts)${noOwnNetwork}`, async () => {
+  const host = net.createServer((c) => c.end("host"));
+  await new Promise<void>((resolve) => host.listen(0, "127.0.0.1", resolve));
+  const hostPort = (host.address() as net.AddressInfo).port;
+  const probe = `
+    const net = require("node:net");
+    const fs = require("node:fs");
+    const read = (port, address) => new Promise((resolve) => {
+      const s = net.connect(port, address);
+      let got = "";
+      s.setTimeout(5000, () => { s.destroy(); resolve("timeout"); });
+      s.on("data", (c) => (got += c));
+      s.on("end", () => resolve(got));
+      s.on("error", (e) => resolve(e.code));
+    });
+    (async () => {
+      const own = net.createServer((c) => c.end("self"));
+      await new Promise((r) => own.listen(0, "127.0.0.1", r));
+      const self = await read(own.address().port, "127.0.0.1");
+      own.close();
+      console.log("NET " + JSON.stringify({
+        self,
+        hostLoopback: await read(${hostPort}, "127.0.0.1"),
+        nameserver: fs.readFileSync("/etc/resolv.conf", "utf8").match(/^nameserver (.*)$/m)?.[1],
+      }));
+    })();
+  `;
+  const fixture = await makeFixtureRepo("node-web", { files: { "probe.cjs": probe, "platform.yaml": webConfigBuiltBy("node probe.cjs") } });
+  try {
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-0000000e", false), repository: fixture.url }, { ...deps(), log: (l) => void lines.push(l.message) });
+    expect(outcome, lines.join("\n")).toMatchObject({ status: "completed", error_message: "" });
+    const seen = JSON.parse(lines.find((l) => l.startsWith("NET "))!.slice("NET ".length));
+    expect(seen).toEqual({ self: "self", hostLoopback: "ECONNREFUSED", nameserver: "10.0.2.3" });
+  } finally {
+    await fixture.cleanup();
+    await new Promise((r) => host.close(r));
   }
 });
 

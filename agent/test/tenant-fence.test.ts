@@ -3,12 +3,13 @@
  * (not the agent's default), so the fleets of other tests keep theirs. Skipped, saying why, where
  * nftables or the sandbox cannot run.
  */
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import dgram from "node:dgram";
 import net from "node:net";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
+import { findOnPath } from "../src/quiet-command.ts";
 import { createLogger } from "@platform/logger";
 import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence, keepTenantFence } from "../src/tenant-fence.ts";
 
@@ -197,7 +198,9 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
  * "Outside the host": a network namespace of its own joined to the host by a veth pair, so its
  * connections come in on an interface other than lo, as a remote client's would.
  */
-async function outsideHost(): Promise<{ hostAddress: string; connect(port: number): Promise<string>; remove(): Promise<void> } | string> {
+async function outsideHost(): Promise<
+  { hostAddress: string; farAddress: string; connect(port: number): Promise<string>; serve(): Promise<{ port: number; stop(): void }>; remove(): Promise<void> } | string
+> {
   const id = `${process.pid % 10000}${Math.floor(Math.random() * 100)}`;
   const ns = `pft-${id}`;
   const [hostEnd, farEnd] = [`pfh${id}`, `pff${id}`];
@@ -228,11 +231,43 @@ async function outsideHost(): Promise<{ hostAddress: string; connect(port: numbe
       s.on("timeout", () => { s.destroy(); console.log("timeout"); }); s.on("error", (e) => console.log(e.code));`;
     return (await run("ip", ["netns", "exec", ns, process.execPath, "-e", script])).stdout.trim();
   };
-  return { hostAddress, connect: connectFrom, remove };
+  /** A server on the other machine, answering "far". */
+  const serve = async () => {
+    const script = `const server = require("node:net").createServer((s) => s.end("far")); server.listen(0, ${JSON.stringify(farAddress)}, () => console.log(server.address().port));`;
+    const child = execFile("ip", ["netns", "exec", ns, process.execPath, "-e", script]);
+    const port = await new Promise<number>((resolve) => child.stdout!.once("data", (d) => resolve(Number(String(d).trim()))));
+    return { port, stop: () => void child.kill("SIGKILL") };
+  };
+  return { hostAddress, farAddress, connect: connectFrom, serve, remove };
+}
+
+/** What each connection made by a build command, in a network namespace of its own, ended in. */
+async function fromOwnNetwork(targets: Record<string, [string, number]>): Promise<Record<string, string>> {
+  const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+  const script = `
+    const net = require("node:net");
+    const connect = ([host, port]) => new Promise((resolve) => {
+      const s = net.connect({ host, port, timeout: 3000 }, () => { s.destroy(); resolve("connected"); });
+      s.on("timeout", () => { s.destroy(); resolve("timeout"); });
+      s.on("error", (e) => resolve(e.code));
+    });
+    const targets = ${JSON.stringify(targets)};
+    Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
+  `;
+  const { argv, network } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: true });
+  expect(network).not.toBeNull();
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: network!.stdio(["ignore", "pipe", "ignore"]) });
+  let out = "";
+  child.stdout!.on("data", (d: Buffer) => (out += String(d)));
+  const exited = new Promise((r) => child.once("exit", r));
+  await network!.attach(child);
+  await exited;
+  return JSON.parse(out) as Record<string, string>;
 }
 
 const outside = skip === "" ? await outsideHost() : null;
 const skipOutside = skip !== "" ? skip : typeof outside === "string" ? outside : "";
+const noSlirp = (await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin`)) ? "" : " (skipped: slirp4netns is not installed)";
 
 describe.skipIf(skipOutside !== "")(`replica ports behind the fence${skipOutside ? ` (skipped: ${skipOutside})` : ""}`, () => {
   const other = typeof outside === "object" && outside ? outside : null;
@@ -280,6 +315,27 @@ describe.skipIf(skipOutside !== "")(`replica ports behind the fence${skipOutside
       ports = [];
       await expect.poll(() => other!.connect(portOf(unguarded)), { timeout: 5_000, interval: 500 }).toBe("connected");
     } finally {
+      kept.stop();
+    }
+  });
+
+  it.skipIf(noSlirp !== "")(`lets a build command in its own network reach other machines, fenced as the tenant user's own connections are${noSlirp}`, async () => {
+    const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { replicaPorts: () => [] });
+    const far = await other!.serve();
+    try {
+      const seen = await fromOwnNetwork({
+        otherMachine: [other!.farAddress, far.port],
+        // The host's own address: slirp4netns connects as the tenant user, and the fence holds.
+        hostAddress: [other!.hostAddress, portOf(unguarded)],
+        // The namespace's own loopback, where nothing of the host's listens.
+        loopback: ["127.0.0.1", portOf(unguarded)],
+      });
+      expect(seen.otherMachine).toBe("connected");
+      expect(seen.hostAddress).not.toBe("connected");
+      expect(seen.loopback).toBe("ECONNREFUSED");
+    } finally {
+      far.stop();
       kept.stop();
     }
   });
