@@ -68,6 +68,34 @@ describe("controlPlaneAddresses", () => {
   });
 });
 
+/**
+ * What each connection made by tenant code (in the sandbox, as the tenant user) ended in; with
+ * `ownNetwork`, from a network namespace of its own, as a build command's.
+ */
+async function fromTenantCode(targets: Record<string, [string, number]>, opts: { ownNetwork?: boolean } = {}): Promise<Record<string, string>> {
+  const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+  const script = `
+    const net = require("node:net");
+    const connect = ([host, port]) => new Promise((resolve) => {
+      const s = net.connect({ host, port, timeout: 3000 }, () => { s.destroy(); resolve("connected"); });
+      s.on("timeout", () => { s.destroy(); resolve("timeout"); });
+      s.on("error", (e) => resolve(e.code));
+    });
+    const targets = ${JSON.stringify(targets)};
+    Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
+  `;
+  const { argv, network } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: opts.ownNetwork });
+  if (!opts.ownNetwork) return JSON.parse((await run(argv[0]!, argv.slice(1))).stdout) as Record<string, string>;
+  expect(network).not.toBeNull();
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: network!.stdio(["ignore", "pipe", "ignore"]) });
+  let out = "";
+  child.stdout!.on("data", (d: Buffer) => (out += String(d)));
+  const exited = new Promise((r) => child.once("exit", r));
+  await network!.attach(child);
+  await exited;
+  return JSON.parse(out) as Record<string, string>;
+}
+
 const sandbox = await probeSandbox(TENANT);
 const probe = sandbox.ok && sandbox.user ? await installTenantFence({ uid: TENANT.uid, routerPorts: [], replicaPorts: [], deniedNets: [] }) : null;
 const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem ?? "no tenant user") : probe && !probe.ok ? probe.reason : "";
@@ -94,24 +122,6 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     await Promise.all([hostService, router, otherRouter, earlierRouter].map((s) => new Promise((r) => s?.close(r))));
     await run("nft", ["delete", "table", "inet", fenceTable(TENANT.uid)]).catch(() => undefined);
   });
-
-  /** What each connection made by tenant code (in the sandbox, as the tenant user) ended in. */
-  async function fromTenantCode(targets: Record<string, [string, number]>): Promise<Record<string, string>> {
-    const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
-    const script = `
-      const net = require("node:net");
-      const connect = ([host, port]) => new Promise((resolve) => {
-        const s = net.connect({ host, port, timeout: 3000 }, () => { s.destroy(); resolve("connected"); });
-        s.on("timeout", () => { s.destroy(); resolve("timeout"); });
-        s.on("error", (e) => resolve(e.code));
-      });
-      const targets = ${JSON.stringify(targets)};
-      Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
-    `;
-    const { argv } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
-    const { stdout } = await run(argv[0]!, argv.slice(1));
-    return JSON.parse(stdout) as Record<string, string>;
-  }
 
   it("refuses the host's own services and the denied networks at once, and lets the routers' ports through", async () => {
     const seen = await fromTenantCode({
@@ -241,30 +251,6 @@ async function outsideHost(): Promise<
   return { hostAddress, farAddress, connect: connectFrom, serve, remove };
 }
 
-/** What each connection made by a build command, in a network namespace of its own, ended in. */
-async function fromOwnNetwork(targets: Record<string, [string, number]>): Promise<Record<string, string>> {
-  const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
-  const script = `
-    const net = require("node:net");
-    const connect = ([host, port]) => new Promise((resolve) => {
-      const s = net.connect({ host, port, timeout: 3000 }, () => { s.destroy(); resolve("connected"); });
-      s.on("timeout", () => { s.destroy(); resolve("timeout"); });
-      s.on("error", (e) => resolve(e.code));
-    });
-    const targets = ${JSON.stringify(targets)};
-    Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
-  `;
-  const { argv, network } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: true });
-  expect(network).not.toBeNull();
-  const child = spawn(argv[0]!, argv.slice(1), { stdio: network!.stdio(["ignore", "pipe", "ignore"]) });
-  let out = "";
-  child.stdout!.on("data", (d: Buffer) => (out += String(d)));
-  const exited = new Promise((r) => child.once("exit", r));
-  await network!.attach(child);
-  await exited;
-  return JSON.parse(out) as Record<string, string>;
-}
-
 const outside = skip === "" ? await outsideHost() : null;
 const skipOutside = skip !== "" ? skip : typeof outside === "string" ? outside : "";
 const noSlirp = (await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin`)) ? "" : " (skipped: slirp4netns is not installed)";
@@ -324,13 +310,16 @@ describe.skipIf(skipOutside !== "")(`replica ports behind the fence${skipOutside
     const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { replicaPorts: () => [] });
     const far = await other!.serve();
     try {
-      const seen = await fromOwnNetwork({
-        otherMachine: [other!.farAddress, far.port],
-        // The host's own address: slirp4netns connects as the tenant user, and the fence holds.
-        hostAddress: [other!.hostAddress, portOf(unguarded)],
-        // The namespace's own loopback, where nothing of the host's listens.
-        loopback: ["127.0.0.1", portOf(unguarded)],
-      });
+      const seen = await fromTenantCode(
+        {
+          otherMachine: [other!.farAddress, far.port],
+          // The host's own address: slirp4netns connects as the tenant user, and the fence holds.
+          hostAddress: [other!.hostAddress, portOf(unguarded)],
+          // The namespace's own loopback, where nothing of the host's listens.
+          loopback: ["127.0.0.1", portOf(unguarded)],
+        },
+        { ownNetwork: true },
+      );
       expect(seen.otherMachine).toBe("connected");
       expect(seen.hostAddress).not.toBe("connected");
       expect(seen.loopback).toBe("ECONNREFUSED");
