@@ -335,7 +335,7 @@ export class Sandbox {
       if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
       else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
       else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
-      if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces and share ports (no seccomp filter)`);
+      if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces, share ports and use the kernel keyring (no seccomp filter)`);
       if (probe.scopeProblem && user) this.#logger?.warn({ reason: probe.scopeProblem }, `${this.#what} may reach the host's abstract unix sockets (no Landlock scope)`);
       return { bwrap, user, seccomp, scope };
     });

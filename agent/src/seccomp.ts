@@ -7,7 +7,10 @@
  *   the same);
  * - SO_REUSEPORT: the kernel lets sockets of one user share a port, and every tenant runs as the
  *   one tenant user, so another tenant could take a share of an app's connections. Setting it
- *   fails with EPERM.
+ *   fails with EPERM;
+ * - the kernel keyring (add_key, request_key, keyctl): keyrings are not namespaced, so the one
+ *   tenant user's keyring would be every tenant's to read and fill (Docker's default profile
+ *   refuses them too). They fail with EPERM.
  *
  * A classic BPF program, as bubblewrap's `--seccomp` reads it: for x86-64 (and its i386 and x32
  * system calls, which a process there can also make) and arm64.
@@ -43,14 +46,16 @@ interface ArchCalls {
   clone: number;
   clone3: number;
   setsockopt: number;
+  /** add_key, request_key, keyctl. */
+  keyring: number[];
 }
 
 const ARCHES: Record<string, ArchCalls[]> = {
   x64: [
-    { audit: 0xc000003e, unshare: 272, clone: 56, clone3: 435, setsockopt: 54 },
-    { audit: 0x40000003, unshare: 310, clone: 120, clone3: 435, setsockopt: 366 },
+    { audit: 0xc000003e, unshare: 272, clone: 56, clone3: 435, setsockopt: 54, keyring: [248, 249, 250] },
+    { audit: 0x40000003, unshare: 310, clone: 120, clone3: 435, setsockopt: 366, keyring: [286, 287, 288] },
   ],
-  arm64: [{ audit: 0xc00000b7, unshare: 97, clone: 220, clone3: 435, setsockopt: 208 }],
+  arm64: [{ audit: 0xc00000b7, unshare: 97, clone: 220, clone3: 435, setsockopt: 208, keyring: [217, 218, 219] }],
 };
 
 type Insn = { code: number; k: number; jt?: string; jf?: string } | { label: string };
@@ -72,6 +77,7 @@ export function sandboxFilter(arch: string = process.arch): Buffer | null {
       { code: JEQ_K, k: a.clone, jt: "flags" },
       { code: JEQ_K, k: a.clone3, jt: "enosys" },
       { code: JEQ_K, k: a.setsockopt, jt: "sockopt" },
+      ...a.keyring.map((nr) => ({ code: JEQ_K, k: nr, jt: "eperm" })),
       { code: RET_K, k: RET_ALLOW },
     );
   });

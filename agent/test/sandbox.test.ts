@@ -83,6 +83,12 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     return JSON.parse(stdout) as Record<string, string>;
   }
 
+  /** keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING): "ok", or the error's code. */
+  const KEYCTL = `const keyctl = () => {
+    const py = "import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True); r = libc.syscall(${process.arch === "arm64" ? 219 : 250}, 0, -4, 0); print('ok' if r >= 0 else errno.errorcode[ctypes.get_errno()])";
+    return require("node:child_process").spawnSync("/usr/bin/python3", ["-c", py], { encoding: "utf8" }).stdout.trim();
+  };`;
+
   it("hides a directory as empty, a file and a socket as unopenable, keeps the kernel's settings read-only; the rest of the host stays readable", async () => {
     const seen = await run(`
       const fs = require("node:fs");
@@ -93,6 +99,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         s.on("error", (e) => resolve(e.code));
       });
       const status = fs.readFileSync("/proc/self/status", "utf8");
+      ${KEYCTL}
       connect(${JSON.stringify(path.join(dir, "daemon.sock"))}).then(async (socket) => console.log(JSON.stringify({
         uid: process.getuid(),
         gid: process.getgid(),
@@ -109,6 +116,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
         spawns: require("node:child_process").spawnSync("echo", ["yes"], { encoding: "utf8" }).stdout.trim(),
         reusePort: await new Promise((resolve) => { const s = net.createServer().once("error", (e) => resolve(e.code)); s.listen({ port: 0, host: "127.0.0.1", reusePort: true }, () => s.close(() => resolve("listening"))); }),
         plainListen: await new Promise((resolve) => { const s = net.createServer().once("error", (e) => resolve(e.code)); s.listen({ port: 0, host: "127.0.0.1" }, () => s.close(() => resolve("listening"))); }),
+        keyring: keyctl(),
         dir: attempt(() => fs.readdirSync(${JSON.stringify(path.join(dir, "secrets"))}).join(",")),
         file: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "token"))}, "utf8")),
         visible: attempt(() => fs.readFileSync(${JSON.stringify(path.join(dir, "visible"))}, "utf8")),
@@ -135,6 +143,7 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
       spawns: "yes",
       reusePort: "EPERM",
       plainListen: "listening",
+      keyring: "EPERM",
       dir: "",
       file: "EACCES",
       visible: "shown",
