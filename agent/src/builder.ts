@@ -436,7 +436,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
-      const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true }) : null;
+      const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true, bindPorts: [] }) : null;
       const argv = wrapped?.argv ?? command;
       const run = await withLimits(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
         runCommand(limited, {

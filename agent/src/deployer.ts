@@ -141,6 +141,15 @@ class DeployFailure extends Error {
 class DeployCancelled extends Error {}
 
 /**
+ * A sandboxed replica may bind its PORT alone (landlock.ts): when its crash output says a listen
+ * was refused (node's words), the deploy's error says why.
+ */
+export function bindRefused(crash: Record<string, string[]>): string {
+  const refused = Object.values(crash).some((lines) => lines.some((l) => /\b(listen|bind) EACCES\b/.test(l)));
+  return refused ? " A replica may listen only on its PORT; binding another port was refused." : "";
+}
+
+/**
  * Whether nothing listens on `port`, on any address of either family: a process that took the
  * port of a replica while it was down listens on one of them. Unlike isPortFree (@platform/fleet),
  * a family the host lacks counts as free.
@@ -490,7 +499,7 @@ export class Deployer {
           ends.set(r.service, `${describeExit(exit)}${exit?.oomKilled && r.memoryMb ? ` (memory_mb ${r.memoryMb})` : ""}`);
         }
         const what = [...ends].map(([service, end]) => `service ${service} ${end}`).join("; ");
-        throw new DeployFailure(`${what.charAt(0).toUpperCase()}${what.slice(1)} during the health checks.`, crash);
+        throw new DeployFailure(`${what.charAt(0).toUpperCase()}${what.slice(1)} during the health checks.${bindRefused(crash)}`, crash);
       }
       for (const r of replicas) {
         if (!waiting.has(r.id)) continue;

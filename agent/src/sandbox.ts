@@ -27,7 +27,7 @@ import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
 import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
-import { landlockScope } from "./landlock.ts";
+import { bindArgument, landlockScope } from "./landlock.ts";
 import { sandboxFilter } from "./seccomp.ts";
 import { attachOwnNetwork, ownNetworkArgs, ownNetworkStdio, ownResolvConf, type OwnNetworkTool } from "./own-network.ts";
 
@@ -47,8 +47,8 @@ export interface SandboxUser {
  * `user`: how commands become the tenant user, null when they run as the agent's own (with
  * `userProblem` saying why, when the tenant user was asked for). `seccomp`: the file of the
  * seccomp filter (seccomp.ts) commands run under, null when none could be used (`seccompProblem`).
- * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts), empty
- * when it cannot be done here (`scopeProblem`).
+ * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts; the ports
+ * it may bind, bindArgument, come next), empty when it cannot be done here (`scopeProblem`).
  */
 export type SandboxProbe =
   | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string; scope: string[]; scopeProblem?: string }
@@ -103,6 +103,7 @@ async function probeOwnNetwork(bwrap: string, user: SandboxUser, seccomp: string
     "--",
     ...asUser(user),
     ...scope,
+    ...(scope.length > 0 ? [bindArgument(undefined)] : []),
     "/bin/sh", "-c", "grep -q tap0: /proc/net/dev",
   ]);
   const child = spawn(argv[0]!, argv.slice(1), { stdio: ownNetworkStdio(["ignore", "ignore", "pipe"]) });
@@ -135,7 +136,7 @@ export async function probeSandbox(runAs: TenantUser | null = null): Promise<San
   const bwrap = await findOnPath("bwrap");
   if (!bwrap) return { ok: false, reason: "bwrap is not on PATH" };
   const probe = (user: SandboxUser | null, seccomp: string | null, scope: string[] = []) =>
-    tryBwrap(bwrap, seccomp, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null), "--", ...asUser(user), ...scope, "true"]);
+    tryBwrap(bwrap, seccomp, [...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null), "--", ...asUser(user), ...scope, ...(scope.length > 0 ? [bindArgument([1])] : []), "true"]);
   const failed = await probe(null, null);
   if (failed) return { ok: false, reason: failed };
   let user: SandboxUser | null = null;
@@ -179,6 +180,11 @@ export interface SandboxedCommand {
    * command's. Its spawn must then use the stdio and attach of `wrap`'s `network`.
    */
   ownNetwork?: boolean;
+  /**
+   * The TCP ports the command may bind when it shares the host's network (Landlock, landlock.ts):
+   * a replica's PORT, none for a build. Absent: any.
+   */
+  bindPorts?: number[];
   /**
    * Whether the command dies with the agent. A build does (the agent that would collect its
    * output is gone); a replica must outlive the agent, so it does not.
@@ -369,7 +375,9 @@ export class Sandbox {
     const tool = cmd.ownNetwork ? await this.#ownNetwork(host) : null;
     const args = [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), ...(tool ? ownNetworkArgs(tool) : [])];
     const network = tool ? { stdio: ownNetworkStdio, attach: (child: ChildProcess) => attachOwnNetwork(child, tool) } : null;
-    return { argv: launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...host.scope, ...argv]), sandboxed: true, network };
+    // In a network of its own, a command binds what it likes: no port of the host's is there.
+    const scope = host.scope.length > 0 ? [...host.scope, bindArgument(tool ? undefined : cmd.bindPorts)] : [];
+    return { argv: launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...scope, ...argv]), sandboxed: true, network };
   }
 
   /**

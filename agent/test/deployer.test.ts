@@ -25,8 +25,12 @@ import type { RoutingDrift } from "../src/router-types.ts";
 import { CaddyRouter } from "../src/router.ts";
 import { ProcessDriver } from "../src/runtime/process.ts";
 import { Supervisor } from "../src/supervisor.ts";
+import { probeSandbox } from "../src/sandbox.ts";
 
 const FIXTURE = path.resolve(import.meta.dirname, "../../test/fixtures/node-web");
+/** Whether replicas here run in a Landlock domain that limits their binds to PORT (sandbox.ts). */
+const sandbox = await probeSandbox({ uid: 61000, gid: 61000 });
+const bindsLimited = sandbox.ok && sandbox.scope.length > 0;
 const HOST = "node-web.t.localhost";
 const TAG = "main-0123abcd";
 const logger = createLogger({ service: "agent-deployer-test", level: "silent", pretty: false });
@@ -486,11 +490,13 @@ it("fails a deploy whose health check never passes with what the health path las
     status: "failed",
     error_message: "Service web did not pass its health check within 3 s: the last GET /healthz answered 503.",
   });
-  // Listening on a port of its own, not PORT.
+  // Listening on a port of its own, not PORT: the sandbox refuses the bind where it can, and the health check finds nothing on PORT where it cannot.
   const elsewhere = failing(`node -e "require('node:http').createServer((q, s) => s.end()).listen(0)"`);
   expect(await elsewhere.deploy({ ...job, action_id: "2f3a4b5c-6d7e-4f8a-9b0c-1d2e3f4a5b6c", image_tag: "main-3333bbbb" })).toMatchObject({
     status: "failed",
-    error_message: "Service web did not pass its health check within 3 s: the last GET /healthz found nothing listening on the service's PORT.",
+    error_message: bindsLimited
+      ? "Service web exited with code 1 during the health checks. A replica may listen only on its PORT; binding another port was refused."
+      : "Service web did not pass its health check within 3 s: the last GET /healthz found nothing listening on the service's PORT.",
   });
   expect(await get(caddy.httpPort)).toEqual({ status: 200, body: "hello from node-web (/)\n" });
   expect((await deployer.undeploy({ ...job, action_type: "UNDEPLOY" })).status).toBe("completed");

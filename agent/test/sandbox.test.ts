@@ -8,6 +8,7 @@ import net from "node:net";
 import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { freePorts } from "@platform/fleet";
 import { hostSecrets, probeSandbox, Sandbox } from "../src/sandbox.ts";
 
 const sandbox = await probeSandbox();
@@ -180,6 +181,33 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     } finally {
       await new Promise((r) => host.close(r));
     }
+  });
+
+  it.skipIf(noScope !== "")(`lets a command bind only the TCP ports it is given (a replica its PORT), and any when none are named${noScope ? ` (skipped: ${noScope})` : ""}`, async () => {
+    const [own, other] = (await freePorts(2)) as [number, number];
+    const script = `
+      const net = require("node:net");
+      const bind = (port) => new Promise((resolve) => {
+        const s = net.createServer().once("error", (e) => resolve(e.code));
+        s.listen({ port, host: "127.0.0.1" }, () => s.close(() => resolve("bound")));
+      });
+      (async () => {
+        // On every address, as a replica listens.
+        const own = await new Promise((resolve) => {
+          const s = net.createServer().once("error", (e) => resolve(e.code));
+          s.listen(${own}, () => s.close(() => resolve("bound")));
+        });
+        console.log(JSON.stringify({ own, other: await bind(${other}), ephemeral: await bind(0) }));
+      })();
+    `;
+    const given = async (bindPorts: number[] | undefined) => {
+      const { argv } = await box().wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, bindPorts });
+      const { stdout } = await promisify(execFile)(argv[0]!, argv.slice(1));
+      return JSON.parse(stdout) as Record<string, string>;
+    };
+    expect(await given([own])).toEqual({ own: "bound", other: "EACCES", ephemeral: "EACCES" });
+    expect(await given([])).toEqual({ own: "EACCES", other: "EACCES", ephemeral: "EACCES" });
+    expect(await given(undefined)).toEqual({ own: "bound", other: "bound", ephemeral: "bound" });
   });
 
   it.skipIf(noScope !== "")(`hands the command its environment as given, through the Landlock scope${noScope ? ` (skipped: ${noScope})` : ""}`, async () => {

@@ -270,7 +270,12 @@ export class ProcessDriver implements RuntimeDriver {
     }
 
     // No --die-with-parent: replicas must outlive the agent.
-    const sandboxed = await this.#sandbox.wrap(["/bin/sh", "-c", spec.command], { writable: [releaseDir, home], chdir: releaseDir, dieWithParent: false });
+    const sandboxed = await this.#sandbox.wrap(["/bin/sh", "-c", spec.command], {
+      writable: [releaseDir, home],
+      chdir: releaseDir,
+      dieWithParent: false,
+      bindPorts: spec.port === null ? [] : [spec.port],
+    });
     let argv = sandboxed.argv;
     argv = inCgroups(cgroups, argv);
     const env: Record<string, string> = {
