@@ -19,6 +19,7 @@ import { clearAbandonedWork } from "./work-dir.ts";
 import { serveGitPreflight, type PreflightDeps } from "./preflight.ts";
 import { publishImage } from "./image-store.ts";
 import { startRuntimeHost } from "./runtime-host.ts";
+import { ephemeralRange, overlaps, parsePortRange } from "./replica-ports.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
@@ -75,6 +76,14 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
   let beatOnChange: (() => void) | null = null;
+  const replicaPortRange = parsePortRange(config.AGENT_REPLICA_PORTS);
+  const ephemeral = await ephemeralRange();
+  if (ephemeral && overlaps(replicaPortRange, ephemeral)) {
+    logger.warn(
+      { replicaPorts: config.AGENT_REPLICA_PORTS, ephemeral: `${ephemeral.first}-${ephemeral.last}` },
+      "AGENT_REPLICA_PORTS overlaps the kernel's ephemeral range: a replica's port may be handed to another process, a tenant's included, before the replica takes it",
+    );
+  }
   const runtime = await startRuntimeHost({
     hostId: config.AGENT_HOST_ID,
     runDir: config.AGENT_RUN_DIR,
@@ -86,6 +95,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     hide: hidden,
     runAs,
     pidsMax: config.AGENT_PIDS_MAX,
+    replicaPortRange,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     bus,

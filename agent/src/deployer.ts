@@ -19,7 +19,6 @@
  */
 import { mkdir, rename, rm, stat } from "node:fs/promises";
 import http from "node:http";
-import net from "node:net";
 import path from "node:path";
 import { checkAppConfig, normalizeAppConfig, problemsSummary, type NormalizedServiceConfig } from "@platform/app-config";
 import { freePort } from "@platform/fleet";
@@ -147,22 +146,6 @@ class DeployCancelled extends Error {}
 export function bindRefused(crash: Record<string, string[]>): string {
   const refused = Object.values(crash).some((lines) => lines.some((l) => /\b(listen|bind) EACCES\b/.test(l)));
   return refused ? " A replica may listen only on its PORT; binding another port was refused." : "";
-}
-
-/**
- * Whether nothing listens on `port`, on any address of either family: a process that took the
- * port of a replica while it was down listens on one of them. Unlike isPortFree (@platform/fleet),
- * a family the host lacks counts as free.
- */
-export async function portIsFree(port: number): Promise<boolean> {
-  const tryOn = (host: string) =>
-    new Promise<boolean>((resolve) => {
-      const srv = net.createServer();
-      // A host without IPv6 cannot be listened on there, which is no one else listening.
-      srv.once("error", (err: NodeJS.ErrnoException) => resolve(err.code !== "EADDRINUSE"));
-      srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolve(true)));
-    });
-  return (await tryOn("0.0.0.0")) && (await tryOn("::"));
 }
 
 /** How long one GET of a health path may take. */

@@ -10,8 +10,8 @@ import type { Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
-import { freePort } from "@platform/fleet";
-import { Deployer, portIsFree, type DeployerDeps, type DeployJob } from "./deployer.ts";
+import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
+import { portIsFree, replicaPortIn, type PortRange } from "./replica-ports.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
 import { HostState } from "./host-state.ts";
 import { deleteImages, fetchImage } from "./image-store.ts";
@@ -48,6 +48,8 @@ export interface RuntimeHostOptions {
   ship(line: LogLineInput): void;
   /** A replica crashed or was restarted: what the host runs changed outside any action. */
   onChange?(): void;
+  /** The ports replicas listen on (AGENT_REPLICA_PORTS, replica-ports.ts). */
+  replicaPortRange: PortRange;
   /** Closes a replica's port to connections from outside the host, before the replica listens on it (the tenant fence). */
   guardPort?(port: number): Promise<void>;
 }
@@ -55,6 +57,8 @@ export interface RuntimeHostOptions {
 /** How often the router is checked for drift (it then gets the whole table again). */
 const ROUTER_CHECK_MS = 5_000;
 const DRAIN_MS = 2_000;
+/** How long a port handed out to a new replica is kept from others before the replica holds it. */
+const HANDED_OUT_MS = 60_000;
 const STOP_GRACE_MS = 10_000;
 /** How long a deploy keeps asking apps-builds for its release while it is out of reach (a restart, say). */
 const RESOLVE_PATIENCE_MS = 30_000;
@@ -100,8 +104,18 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   // A new replica's port is closed to the outside while the replica starts (an nft call takes
   // about as long as a process starting to listen); a deploy waits for it before its swap.
   const guarding = new Set<Promise<void>>();
+  // A port handed out is the new replica's before it shows in the driver's list: one at a time,
+  // and not handed out again meanwhile.
+  const portLock = new Mutex();
+  const handedOut = new Map<number, number>();
   const replicaPort = async () => {
-    const port = await freePort();
+    const port = await portLock.run(async () => {
+      for (const [p, at] of handedOut) if (Date.now() - at > HANDED_OUT_MS) handedOut.delete(p);
+      const held = driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
+      const chosen = await replicaPortIn(o.replicaPortRange, new Set([...held, ...handedOut.keys()]));
+      handedOut.set(chosen, Date.now());
+      return chosen;
+    });
     const guarded = o.guardPort?.(port);
     if (guarded) {
       guarding.add(guarded);

@@ -40,6 +40,10 @@ afterAll(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
+/** Outside the kernel's ephemeral range, as the agent's default is. */
+const REPLICA_PORTS = { first: 20000, last: 29999 };
+const inRange = (p: number | null | undefined) => typeof p === "number" && p >= REPLICA_PORTS.first && p <= REPLICA_PORTS.last;
+
 function hostOptions(runDir: string): RuntimeHostOptions {
   return {
     hostId: "host-1",
@@ -52,6 +56,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     hide: [],
     runAs: { uid: 61000, gid: 61000 },
     pidsMax: 1024,
+    replicaPortRange: REPLICA_PORTS,
     healthTimeoutMs: 10_000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),
     bus,
@@ -164,7 +169,7 @@ it("asserts the table again when a front door is deleted or changed by hand thro
   }
 });
 
-it("moves a crashed replica to another port at once, and again when that one is taken before the restart; the route follows", async () => {
+it("moves a crashed replica to another port of the replica range at once, and again when that one is taken before the restart; the route follows", async () => {
   const release = path.join(dir, "release-moved");
   await mkdir(release, { recursive: true });
   // Serves, and the first time also dies half a second in (a crash the supervisor restarts).
@@ -230,6 +235,7 @@ it("moves a crashed replica to another port at once, and again when that one is 
     await expect.poll(() => shipped.find((m) => m.startsWith(`Port ${next} of replica ${spec.id} was taken`)), { timeout: 10_000 }).toBeTruthy();
     await expect.poll(async () => (await served().catch(() => null))?.body, { timeout: 10_000 }).toBe("the replica");
     expect([port, next]).not.toContain(await portNow());
+    expect([next, await portNow()].every(inRange)).toBe(true);
     for (let i = 0; i < 5; i++) expect((await served()).body).toBe("the replica");
   } finally {
     await new Promise((r) => squatter.close(r));

@@ -41,7 +41,7 @@ export function serviceSchema(name: ServiceName): string {
   return name.replaceAll("-", "_");
 }
 
-type VarType = "string" | "url" | "admin-url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum" | "cidr-list";
+type VarType = "string" | "url" | "admin-url" | "postgres-url" | "nats-url" | "port" | "int" | "bool" | "enum" | "cidr-list" | "port-range";
 
 export interface VarSpec {
   type: VarType;
@@ -105,6 +105,14 @@ function parseValue(name: string, spec: VarSpec, raw: string): string | number |
     }
     case "cidr-list":
       return parseCidrList(name, raw).join(",");
+    case "port-range": {
+      const match = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(raw);
+      const [first, last] = match ? [Number(match[1]), Number(match[2])] : [0, 0];
+      if (!match || first < 1024 || last > 65535 || first > last) {
+        throw new ConfigError(name, `must be a range of ports such as 20000-29999, from 1024 to 65535 (got '${shown}')`);
+      }
+      return `${first}-${last}`;
+    }
     case "url":
     case "admin-url":
     case "postgres-url":
@@ -357,6 +365,12 @@ export const agentEnv = {
     type: "admin-url",
     default: "http://127.0.0.1:2019",
     description: "admin API of this host's Caddy: http://host:port, or unix:///path/to/socket (what npm start and test fleets use: no process of the host but the agent reaches it)",
+  },
+  AGENT_REPLICA_PORTS: {
+    type: "port-range",
+    default: "20000-29999",
+    description:
+      "the ports replicas listen on, first-last: keep it outside the kernel's ephemeral range (net.ipv4.ip_local_port_range), whose ports the kernel hands out to any process, tenant code included; the agent warns when they overlap",
   },
   AGENT_TENANT_UID: {
     type: "int",

@@ -134,6 +134,15 @@ describe("loadConfig", () => {
     }
   });
 
+  it("reads a range of ports, first-last, from 1024 to 65535", () => {
+    const ports = { PORTS: { type: "port-range", default: "20000-29999", description: "p" } } as const satisfies EnvSpec;
+    expect(loadConfig(ports, {}).PORTS).toBe("20000-29999");
+    expect(loadConfig(ports, { PORTS: " 4000 - 4000 " }).PORTS).toBe("4000-4000");
+    for (const bad of ["80-90", "30000-20000", "20000-70000", "20000", "a-b"]) {
+      expect(expectConfigError(() => loadConfig(ports, { PORTS: bad }), "PORTS").message).toContain(`(got '${bad}')`);
+    }
+  });
+
   it("loads every process of the fleet from an empty environment", () => {
     for (const [name, processSpec] of Object.entries(FLEET_ENV)) {
       expect(() => loadConfig(processSpec, {}), name).not.toThrow();
