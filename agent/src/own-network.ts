@@ -19,11 +19,18 @@
  * code cannot reach the process: it lies outside every sandbox's pid namespace and Landlock
  * domain, and holds capabilities the tenant user lacks (no ptrace). When it is ready, the command
  * goes on. slirp4netns ends with the command (its exit fd closes).
+ *
+ * slirp4netns never passes a refused connection on (libslirp drops it quietly): the command's
+ * SYN goes unanswered, and the kernel would try it again for about two minutes. The namespace's
+ * own tcp_syn_retries is lowered to SYN_RETRIES first, so such a connection fails in about 15 s.
+ * Between the command and slirp4netns nothing is lost, so the retries only ever wait on a slow
+ * connect out there.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { open, readFile } from "node:fs/promises";
 import type { Readable, Writable } from "node:stream";
 import type { TenantUser } from "./sandbox.ts";
+import { endedWith, runQuietly } from "./quiet-command.ts";
 
 /** Where bubblewrap writes its JSON info (the sandbox's pid), and reads the go-ahead. Past fd 3, which the seccomp filter takes. */
 export const INFO_FD = 5;
@@ -32,10 +39,14 @@ export const BLOCK_FD = 6;
 const SLIRP_DNS = "10.0.2.3";
 /** How long slirp4netns may take to set the namespace up. */
 const READY_TIMEOUT_MS = 10_000;
+/** SYNs resent at 1, 3 and 7 s: a connect that nothing answers fails at 15 s. */
+const SYN_RETRIES = 3;
 
 export interface OwnNetworkTool {
   slirp: string;
   setpriv: string;
+  /** util-linux's nsenter, which sets the namespace's tcp_syn_retries. */
+  nsenter: string;
   runAs: TenantUser;
   /** The resolv.conf bound over the sandbox's /etc/resolv.conf (null: the host has none). */
   resolvConf: string | null;
@@ -132,6 +143,8 @@ export async function attachOwnNetwork(child: ChildProcess, tool: OwnNetworkTool
     slirp.once("error", (err) => fail(`slirp4netns could not be run: ${err.message}`));
     slirp.once("exit", (code, signal) => fail(`slirp4netns ended (${signal ?? `exit code ${code}`}) before the network was up: ${stderr.trim() || "no output"}`));
   });
+  const tuned = await runQuietly(tool.nsenter, [`--net=/proc/${pid}/ns/net`, "--", "/bin/sh", "-c", `echo ${SYN_RETRIES} > /proc/sys/net/ipv4/tcp_syn_retries`], { timeoutMs: READY_TIMEOUT_MS });
+  if (tuned.code !== 0) throw new Error(`the namespace's tcp_syn_retries could not be set (${endedWith(tuned)}): ${tuned.stderr.trim() || "no output"}`);
   go.on("error", () => undefined);
   go.end("1");
 }

@@ -95,8 +95,10 @@ function writeSeccompFilter(): Promise<string | null> {
 async function probeOwnNetwork(bwrap: string, user: SandboxUser, seccomp: string | null, scope: string[]): Promise<{ tool: OwnNetworkTool } | { problem: string }> {
   const slirp = await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin:/sbin`);
   if (!slirp) return { problem: "slirp4netns is not installed" };
+  const nsenter = await findOnPath("nsenter", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin:/sbin`);
+  if (!nsenter) return { problem: "nsenter (util-linux) is not on PATH" };
   const resolv = await ownResolvConf();
-  const tool: OwnNetworkTool = { slirp, setpriv: user.setpriv, runAs: user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };
+  const tool: OwnNetworkTool = { slirp, nsenter, setpriv: user.setpriv, runAs: user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };
   const argv = launch(bwrap, seccomp, [
     ...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null),
     ...ownNetworkArgs(tool),
