@@ -21,6 +21,11 @@ export async function findOnPath(name: string, pathVar: string = process.env.PAT
   return null;
 }
 
+/** A host tool (nft, slirp4netns, nsenter): on the agent's PATH, or in the system directories a service's PATH may lack. */
+export function findHostTool(name: string): Promise<string | null> {
+  return findOnPath(name, `${process.env.PATH ?? ""}:/usr/sbin:/usr/bin:/sbin:/bin`);
+}
+
 const STDERR_KEPT = 2000;
 
 export interface QuietOutcome {

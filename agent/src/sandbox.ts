@@ -26,7 +26,7 @@ import { chmod, lchown, lstat, mkdtemp, readdir, realpath, stat, writeFile } fro
 import os from "node:os";
 import path from "node:path";
 import type { Logger } from "@platform/logger";
-import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
+import { endedWith, findHostTool, findOnPath, runQuietly } from "./quiet-command.ts";
 import { bindArgument, landlockScope } from "./landlock.ts";
 import { sandboxFilter } from "./seccomp.ts";
 import { attachOwnNetwork, ownNetworkArgs, ownNetworkStdio, ownResolvConf, type OwnNetworkTool } from "./own-network.ts";
@@ -93,9 +93,9 @@ function writeSeccompFilter(): Promise<string | null> {
  * with `true` in a sandbox such as theirs.
  */
 async function probeOwnNetwork(bwrap: string, user: SandboxUser, seccomp: string | null, scope: string[]): Promise<{ tool: OwnNetworkTool } | { problem: string }> {
-  const slirp = await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin:/sbin`);
+  const slirp = await findHostTool("slirp4netns");
   if (!slirp) return { problem: "slirp4netns is not installed" };
-  const nsenter = await findOnPath("nsenter", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin:/sbin`);
+  const nsenter = await findHostTool("nsenter");
   if (!nsenter) return { problem: "nsenter (util-linux) is not on PATH" };
   const resolv = await ownResolvConf();
   const tool: OwnNetworkTool = { slirp, nsenter, setpriv: user.setpriv, runAs: user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };

@@ -26,7 +26,7 @@
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
 import type { Logger } from "@platform/logger";
-import { endedWith, findOnPath, runQuietly } from "./quiet-command.ts";
+import { endedWith, findHostTool, runQuietly } from "./quiet-command.ts";
 
 /** Ports tenant code may connect to on the host's own addresses besides the routers': DNS (a local resolver). */
 const OPEN_LOCAL_PORTS = [53];
@@ -108,8 +108,7 @@ function renewed(t: string, set: string, ports: number[], ttl: string): string[]
 
 /** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
 async function nft(args: string[], input?: string): Promise<string | null> {
-  // nft lives in sbin, which a service's PATH may lack.
-  const bin = await findOnPath("nft", `${process.env.PATH ?? ""}:/usr/sbin:/sbin`);
+  const bin = await findHostTool("nft");
   if (!bin) return "nft (nftables) is not installed";
   const ran = await runQuietly(bin, args, { input, timeoutMs: 10_000 }).catch((err: Error) => err);
   if (ran instanceof Error) return `nft could not be run: ${ran.message}`;

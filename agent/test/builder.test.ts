@@ -15,7 +15,7 @@ import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
 import { probeCgroup } from "../src/cgroups.ts";
-import { findOnPath } from "../src/quiet-command.ts";
+import { findHostTool } from "../src/quiet-command.ts";
 
 // Build commands run as the agent runs them: sandboxed where this machine can, as the tenant user.
 const TENANT = { uid: 61000, gid: 61000 };
@@ -216,7 +216,7 @@ it.skipIf(!sandbox.ok)(`runs a build command sandboxed: it writes only its check
   }
 });
 
-const slirp = sandbox.ok && sandbox.user ? await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin`) : null;
+const slirp = sandbox.ok && sandbox.user ? await findHostTool("slirp4netns") : null;
 const noOwnNetwork = !sandbox.ok ? noSandbox : !sandbox.user ? ` (skipped: ${sandbox.userProblem})` : !slirp ? " (skipped: slirp4netns is not installed)" : "";
 it.skipIf(noOwnNetwork !== "")(`gives a build command a network of its own: it serves itself on 127.0.0.1, and no listener of the host's loopback is in sight (what it reaches outward: tenant-fence.test.ts)${noOwnNetwork}`, async () => {
   const host = net.createServer((c) => c.end("host"));

@@ -9,7 +9,7 @@ import net from "node:net";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
-import { findOnPath } from "../src/quiet-command.ts";
+import { findHostTool } from "../src/quiet-command.ts";
 import { createLogger } from "@platform/logger";
 import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence, keepTenantFence } from "../src/tenant-fence.ts";
 
@@ -253,7 +253,7 @@ async function outsideHost(): Promise<
 
 const outside = skip === "" ? await outsideHost() : null;
 const skipOutside = skip !== "" ? skip : typeof outside === "string" ? outside : "";
-const noSlirp = (await findOnPath("slirp4netns", `${process.env.PATH ?? ""}:/usr/bin:/usr/sbin`)) ? "" : " (skipped: slirp4netns is not installed)";
+const noSlirp = (await findHostTool("slirp4netns")) ? "" : " (skipped: slirp4netns is not installed)";
 
 describe.skipIf(skipOutside !== "")(`replica ports behind the fence${skipOutside ? ` (skipped: ${skipOutside})` : ""}`, () => {
   const other = typeof outside === "object" && outside ? outside : null;
