@@ -104,6 +104,8 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   // A new replica's port is closed to the outside while the replica starts (an nft call takes
   // about as long as a process starting to listen); a deploy waits for it before its swap.
   const guarding = new Set<Promise<void>>();
+  /** The ports of every replica this host keeps (running or to be restarted). */
+  const heldPorts = () => driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
   // A port handed out is the new replica's before it shows in the driver's list: one at a time,
   // and not handed out again meanwhile.
   const portLock = new Mutex();
@@ -111,8 +113,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const replicaPort = async () => {
     const port = await portLock.run(async () => {
       for (const [p, at] of handedOut) if (Date.now() - at > HANDED_OUT_MS) handedOut.delete(p);
-      const held = driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
-      const chosen = await replicaPortIn(o.replicaPortRange, new Set([...held, ...handedOut.keys()]));
+      const chosen = await replicaPortIn(o.replicaPortRange, new Set([...heldPorts(), ...handedOut.keys()]));
       handedOut.set(chosen, Date.now());
       return chosen;
     });
@@ -240,9 +241,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   return {
     deployer,
     resumable: () => state.allInflight().map((d) => ({ actionId: d.actionId, actionType: "DEPLOY" })),
-    replicaPorts() {
-      return driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
-    },
+    replicaPorts: heldPorts,
     inventory() {
       const running = new Map(driver.list().filter((r) => r.running).map((r) => [r.spec.id, r]));
       const inventory: InventoryEntry[] = state.apps().flatMap((a) =>
