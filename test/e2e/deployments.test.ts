@@ -168,7 +168,7 @@ describe("a build deployed by the agent", () => {
     await new Promise((r) => setTimeout(r, 300));
     stop = true;
     await loop;
-    expect(second.deploy.status).toBe("completed");
+    expect(second.deploy.status, second.deploy.error_message).toBe("completed");
     expect(failures).toEqual([]);
     expect(seen[0]).toBe("hello from node-web (/)\n");
     expect(seen.at(-1)).toBe("hello v2 from node-web (/)\n");
@@ -207,7 +207,7 @@ describe("a build deployed by the agent", () => {
 
     await web.commit("v3", { "server.js": serverJs.replace("hello from node-web", "hello v3 from node-web") });
     const v3 = await buildAndDeploy();
-    expect(v3.deploy.status).toBe("completed");
+    expect(v3.deploy.status, v3.deploy.error_message).toBe("completed");
     expect((await call(api, "POST", `/apps/${APP}/retry`, { credential: acme })).body.detail.code).toBe("nothing_to_retry");
 
     const again = await call(api, "POST", `/apps/${APP}/redeploy`, { credential: acme });
@@ -516,7 +516,8 @@ describe("scale, primary services and visibility", () => {
     expect((await viaRouter(`${url}/`)).status).toBe(404);
     expect((await getApp()).urls).toEqual([]);
     await web.commit("quick start again", { "server.js": serverJs });
-    expect((await buildAndDeploy()).deploy.status).toBe("completed");
+    const again = await buildAndDeploy();
+    expect(again.deploy.status, again.deploy.error_message).toBe("completed");
     expect((await viaRouter(`${url}/`)).status).toBe(404);
     expect((await call(api, "PATCH", `/apps/${APP}`, { credential: acme, body: { visibility: "public" } })).status).toBe(200);
     await expect.poll(async () => (await viaRouter(`${url}/`)).status, { timeout: 30_000 }).toBe(200);
@@ -644,7 +645,7 @@ describe("tenant code", () => {
   if (path === "/crash") {`;
     await web.commit("reach", { "server.js": serverJs.replace('  if (path === "/crash") {', reach) });
     const deployed = await buildAndDeploy();
-    expect(deployed.deploy.status).toBe("completed");
+    expect(deployed.deploy.status, deployed.deploy.error_message).toBe("completed");
     const hostPort = (url: string) => `${new URL(url).hostname}:${new URL(url).port}`;
     const targets = {
       postgres: hostPort(fleet.databaseUrl.replace(/^postgres(ql)?:/, "http:")),
