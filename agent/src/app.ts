@@ -23,7 +23,7 @@ import { ephemeralRange, overlaps, parsePortRange } from "./replica-ports.ts";
 import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
-import { controlPlaneAddresses, keepTenantFence, type TenantFence } from "./tenant-fence.ts";
+import { controlPlaneAddresses, keepTenantFence, type OwnPort, type TenantFence } from "./tenant-fence.ts";
 import { probeCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
@@ -66,12 +66,13 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
   let fence: TenantFence | null = null;
   // The replicas' ports, once the runtime host keeps them (it adopts those still running).
   let replicaPorts = (): number[] => [];
+  let ownPorts = (): OwnPort[] => [];
   if (runAs) {
     const deniedNets = [
       ...(config.AGENT_TENANT_DENIED_NETS ? config.AGENT_TENANT_DENIED_NETS.split(",") : []),
       ...(await controlPlaneAddresses([config.NATS_URL, config.DEPLOY_QUEUE_URL, config.APPS_BUILDS_URL])),
     ];
-    fence = await keepTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets }, logger, { replicaPorts: () => replicaPorts() });
+    fence = await keepTenantFence({ uid: runAs.uid, routerPorts: [config.PLATFORM_ROUTER_PORT], deniedNets }, logger, { replicaPorts: () => replicaPorts(), ownPorts: () => ownPorts() });
   }
   // A replica that crashed or came back is told at once, not at the next heartbeat: the services
   // route would say not_running for up to 30 s of an app serving again (or running while it is down).
@@ -103,9 +104,11 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     ship: (line) => void shipper.ship(line),
     onChange: () => beatOnChange?.(),
     guardPort: fence ? (port) => fence.guard(port) : undefined,
+    openOwnPort: fence ? (own) => fence.openOwnPort(own) : undefined,
   });
   replicaPorts = () => runtime.replicaPorts();
-  // Replicas adopted from before this start are closed to the outside now, not at the next renewal.
+  ownPorts = () => runtime.ownPorts();
+  // Replicas adopted from before this start are closed to the outside (and opened to themselves) now, not at the next renewal.
   await fence?.renew();
 
   // Build commands die with the agent that ran them; the cgroups they ran in stayed behind.

@@ -87,31 +87,47 @@ async function tryCgroup(cgroup: CgroupParent, controller: Controller): Promise<
   }
 }
 
-/** Finds a hierarchy of `controller` this process may create limited cgroups in; v2 first. */
-export async function probeCgroup(controller: Controller): Promise<CgroupProbe> {
-  let own: string;
-  let mounts: Mount[];
+interface Placement {
+  /** Each line of /proc/self/cgroup: the controllers of a hierarchy (v2: none) and this process's cgroup in it. */
+  memberships: Array<{ controllers: string[]; path: string }>;
+  mounts: Mount[];
+}
+
+/** Where this process is in each cgroup hierarchy, and where those are mounted. */
+async function placement(): Promise<Placement | string> {
   try {
-    own = await readFile("/proc/self/cgroup", "utf8");
-    mounts = parseMountinfo(await readFile("/proc/self/mountinfo", "utf8"));
+    const own = await readFile("/proc/self/cgroup", "utf8");
+    const mounts = parseMountinfo(await readFile("/proc/self/mountinfo", "utf8"));
+    const memberships = own
+      .split("\n")
+      .filter(Boolean)
+      .map((line) => {
+        const first = line.indexOf(":");
+        const second = line.indexOf(":", first + 1);
+        return { controllers: line.slice(first + 1, second).split(","), path: line.slice(second + 1) };
+      });
+    return { memberships, mounts };
   } catch (err) {
-    return { ok: false, reason: `cgroups cannot be read here (${errorText(err)})` };
+    return `cgroups cannot be read here (${errorText(err)})`;
   }
-  const memberships = own
-    .split("\n")
-    .filter(Boolean)
-    .map((line) => {
-      const first = line.indexOf(":");
-      const second = line.indexOf(":", first + 1);
-      return { controllers: line.slice(first + 1, second).split(","), path: line.slice(second + 1) };
-    });
-  const candidates: CgroupParent[] = [];
+}
+
+/** This process's own cgroup v2 directory; null without a v2 hierarchy mounted for it. */
+function v2Dir({ memberships, mounts }: Placement): string | null {
   const v2 = memberships.find((m) => m.controllers.length === 1 && m.controllers[0] === "");
   const v2Mount = mounts.find((m) => m.fstype === "cgroup2");
-  const v2Dir = v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
-  if (v2Dir) candidates.push({ version: 2, dir: v2Dir });
-  const v1 = memberships.find((m) => m.controllers.includes(controller));
-  const v1Mount = mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes(controller));
+  return v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
+}
+
+/** Finds a hierarchy of `controller` this process may create limited cgroups in; v2 first. */
+export async function probeCgroup(controller: Controller): Promise<CgroupProbe> {
+  const placed = await placement();
+  if (typeof placed === "string") return { ok: false, reason: placed };
+  const candidates: CgroupParent[] = [];
+  const v2 = v2Dir(placed);
+  if (v2) candidates.push({ version: 2, dir: v2 });
+  const v1 = placed.memberships.find((m) => m.controllers.includes(controller));
+  const v1Mount = placed.mounts.find((m) => m.fstype === "cgroup" && m.superOptions.includes(controller));
   const v1Dir = v1 && v1Mount ? cgroupDir(v1Mount, v1.path) : null;
   if (v1Dir) candidates.push({ version: 1, dir: v1Dir });
   if (!candidates.length) return { ok: false, reason: `no ${controller} cgroup hierarchy is mounted for this process` };
@@ -122,6 +138,26 @@ export async function probeCgroup(controller: Controller): Promise<CgroupProbe> 
     reasons.push(reason);
   }
   return { ok: false, reason: reasons.join("; ") };
+}
+
+/**
+ * Where this process may make cgroups v2, with controllers or none, to tell sockets apart: the
+ * kernel marks every socket with the v2 cgroup of the process that made it, whatever hierarchy
+ * the limits are in (a host with cgroup v1 limits mounts v2 beside them, /sys/fs/cgroup/unified).
+ */
+export async function probeSocketCgroup(): Promise<CgroupProbe> {
+  const placed = await placement();
+  if (typeof placed === "string") return { ok: false, reason: placed };
+  const dir = v2Dir(placed);
+  if (!dir) return { ok: false, reason: "no cgroup v2 hierarchy is mounted for this process" };
+  const probe = path.join(dir, `platform-probe-socket-${process.pid}`);
+  try {
+    await mkdir(probe);
+    await rmdir(probe);
+    return { ok: true, cgroup: { version: 2, dir } };
+  } catch (err) {
+    return { ok: false, reason: `cgroup v2: cannot create a cgroup under ${dir} (${errorText(err)})` };
+  }
 }
 
 /** The cgroup `platform-<name>` under `parent`, made when missing. */
@@ -151,6 +187,14 @@ export async function createMemoryCgroup(parent: CgroupParent, name: string, mem
     await writeFile(memsw, bytes).catch(() => undefined);
   }
   return dir;
+}
+
+/**
+ * The cgroup v2 `platform-<name>` under `parent` (probeSocketCgroup) that the sockets of its
+ * processes are known by; on a host of cgroup v2 limits, the same cgroup as the limits of that name.
+ */
+export function createSocketCgroup(parent: CgroupParent, name: string): Promise<string> {
+  return childCgroup(parent, name);
 }
 
 /**

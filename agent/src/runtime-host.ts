@@ -21,6 +21,7 @@ import { DockerDriver } from "./runtime/docker.ts";
 import { ProcessDriver } from "./runtime/process.ts";
 import type { RuntimeDriver } from "./runtime/types.ts";
 import type { TenantUser } from "./sandbox.ts";
+import type { OwnPort } from "./tenant-fence.ts";
 import { Supervisor } from "./supervisor.ts";
 import { untilAnswered } from "./until-answered.ts";
 
@@ -52,6 +53,8 @@ export interface RuntimeHostOptions {
   replicaPortRange: PortRange;
   /** Closes a replica's port to connections from outside the host, before the replica listens on it (the tenant fence). */
   guardPort?(port: number): Promise<void>;
+  /** Lets a replica through the tenant fence to its own port, before it starts. */
+  openOwnPort?(own: OwnPort): Promise<void>;
 }
 
 /** How often the router is checked for drift (it then gets the whole table again). */
@@ -68,6 +71,8 @@ export interface RuntimeHost {
   inventory(): { name: string; inventory: InventoryEntry[]; containers: { running: number; total: number } };
   /** The ports of every replica this host keeps (running or to be restarted). */
   replicaPorts(): number[];
+  /** The running replicas' own ports, with the cgroups their sockets are known by. */
+  ownPorts(): OwnPort[];
   /** Deploys in flight when the agent last stopped. */
   resumable(): Array<{ actionId: string; actionType: string }>;
   /** A group renamed: what runs here in it is labelled with its new slug; answers how many apps. */
@@ -77,8 +82,21 @@ export interface RuntimeHost {
 
 export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHost> {
   const runDir = path.resolve(o.runDir);
+  // A new replica's port is closed to the outside, and opened to the replica itself, while the
+  // replica starts (an nft call takes about as long as a process starting to listen); a deploy
+  // waits for both before its swap.
+  const guarding = new Set<Promise<void>>();
+  const guard = (done: Promise<void> | undefined) => {
+    if (!done) return;
+    guarding.add(done);
+    void done.finally(() => guarding.delete(done));
+  };
+  const openOwnPort = o.openOwnPort;
+  const ownPort = openOwnPort ? (cgroup: string, port: number) => guard(openOwnPort({ cgroup, port })) : undefined;
   const driver: RuntimeDriver =
-    o.runtime === "docker" ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger }) : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, pidsMax: o.pidsMax, logger: o.logger });
+    o.runtime === "docker"
+      ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger })
+      : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, pidsMax: o.pidsMax, logger: o.logger, ownPort });
   const state = new HostState(runDir);
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
@@ -101,9 +119,6 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       metadata: { replica: spec.id, stream: line.stream, colour: spec.colour, tag: spec.tag },
     });
   });
-  // A new replica's port is closed to the outside while the replica starts (an nft call takes
-  // about as long as a process starting to listen); a deploy waits for it before its swap.
-  const guarding = new Set<Promise<void>>();
   /** The ports of every replica this host keeps (running or to be restarted). */
   const heldPorts = () => driver.list().flatMap((r) => (r.spec.port === null ? [] : [r.spec.port]));
   // A port handed out is the new replica's before it shows in the driver's list: one at a time,
@@ -117,11 +132,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       handedOut.set(chosen, Date.now());
       return chosen;
     });
-    const guarded = o.guardPort?.(port);
-    if (guarded) {
-      guarding.add(guarded);
-      void guarded.finally(() => guarding.delete(guarded));
-    }
+    guard(o.guardPort?.(port));
     return port;
   };
   const portsGuarded = async () => {
@@ -242,6 +253,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     deployer,
     resumable: () => state.allInflight().map((d) => ({ actionId: d.actionId, actionType: "DEPLOY" })),
     replicaPorts: heldPorts,
+    ownPorts: () => driver.list().flatMap((r) => (r.running && r.socketCgroup && r.spec.port !== null ? [{ cgroup: r.socketCgroup, port: r.spec.port }] : [])),
     inventory() {
       const running = new Map(driver.list().filter((r) => r.running).map((r) => [r.spec.id, r]));
       const inventory: InventoryEntry[] = state.apps().flatMap((a) =>

@@ -13,6 +13,13 @@
  * fails at once (ECONNREFUSED) rather than hanging. Answers on connections made to a replica
  * (Caddy's requests, health checks) are no new connections and pass.
  *
+ * A replica may connect to its own port all the same (a server calling itself, a worker of its
+ * own on 127.0.0.1:$PORT): the kernel marks each socket with the cgroup v2 of the process that made
+ * it, and each replica runs in a cgroup of its own (cgroups.ts), so a set of cgroup and port pairs
+ * lets exactly those through. It needs Linux 5.13 and cgroup v2 mounted under /sys/fs/cgroup
+ * (where nft resolves cgroup paths); without them a replica's connection to its own port is
+ * refused like any other, and the rest of the fence stands.
+ *
  * The other way, replicas listen on every address of the host, Caddy being their one intended
  * client (over 127.0.0.1). The same table refuses new connections to a replica's port that come
  * in from outside the host, so no app, a private one included, is reached past the router.
@@ -25,6 +32,7 @@
  */
 import { lookup } from "node:dns/promises";
 import { isIP } from "node:net";
+import path from "node:path";
 import type { Logger } from "@platform/logger";
 import { endedWith, findHostTool, runQuietly } from "./quiet-command.ts";
 
@@ -39,6 +47,19 @@ const PORT_TTL_S = 300;
 const ALWAYS_DENIED = ["169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8"];
 /** How often the agent renews its ports (and puts the fence back when a firewall reload flushed it). */
 const FENCE_RENEW_MS = 60_000;
+/** Where nft finds the cgroup paths it is given. */
+const NFT_CGROUP_ROOT = "/sys/fs/cgroup";
+/**
+ * The depths of the cgroup tree a replica's socket cgroup may be at, one rule each: a rule looks
+ * a socket's ancestor at its depth up in the set, and only a replica's own cgroup is in it.
+ */
+const SOCKET_CGROUP_LEVELS = 12;
+
+/** A replica's port, and the cgroup v2 (a directory) its sockets are known by. */
+export interface OwnPort {
+  cgroup: string;
+  port: number;
+}
 
 export interface FenceSpec {
   /** The tenant user (AGENT_TENANT_UID) whose connections are fenced. */
@@ -102,8 +123,56 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; portTtlS?:
 }
 
 /** Elements of a timeout set, added, taken out and added again: one added while there keeps its old expiry. */
-function renewed(t: string, set: string, ports: number[], ttl: string): string[] {
-  return [...new Set(ports)].flatMap((p) => [`add element ${t} ${set} { ${p} timeout ${ttl} }`, `delete element ${t} ${set} { ${p} }`, `add element ${t} ${set} { ${p} timeout ${ttl} }`]);
+function renewed(t: string, set: string, elements: Array<string | number>, ttl: string): string[] {
+  return [...new Set(elements)].flatMap((e) => [`add element ${t} ${set} { ${e} timeout ${ttl} }`, `delete element ${t} ${set} { ${e} }`, `add element ${t} ${set} { ${e} timeout ${ttl} }`]);
+}
+
+/** A cgroup directory as nft names it (relative to /sys/fs/cgroup); null where nft cannot. */
+export function nftCgroupPath(dir: string): string | null {
+  const relative = path.relative(NFT_CGROUP_ROOT, dir);
+  return relative && !relative.startsWith("..") && !path.isAbsolute(relative) && /^[\w.@:+/-]+$/.test(relative) ? relative : null;
+}
+
+/** The own_ports elements of `ports`, as nft writes them. */
+function ownPortElements(ports: OwnPort[]): string[] {
+  return ports.flatMap(({ cgroup, port }) => {
+    const name = nftCgroupPath(cgroup);
+    return name ? [`"${name}" . ${port}`] : [];
+  });
+}
+
+/**
+ * The nft script that lets replicas through to their own ports, run after fenceRuleset: its own
+ * transaction, since a kernel or nft without \`socket cgroupv2\` refuses it, and the rest of the
+ * fence must stand all the same.
+ */
+export function ownPortRuleset(uid: number): string {
+  const t = `inet ${fenceTable(uid)}`;
+  const levels = Array.from({ length: SOCKET_CGROUP_LEVELS }, (_, i) => `add rule ${t} own_port socket cgroupv2 level ${i + 1} . tcp dport @own_ports accept`);
+  return [
+    `add set ${t} own_ports { typeof socket cgroupv2 level 1 . tcp dport; flags timeout; }`,
+    `add chain ${t} own_port`,
+    `flush chain ${t} own_port`,
+    ...levels,
+    // Ahead of the rule that refuses the host's own addresses: fenceRuleset has just flushed the chain.
+    `insert rule ${t} tenant ct state new fib daddr type local meta l4proto tcp jump own_port`,
+    "",
+  ].join("\n");
+}
+
+/** Opens replicas' own ports for `ttl` (renewed); what went wrong when some could not be. */
+export async function openOwnPorts(uid: number, ports: OwnPort[], ttl = `${PORT_TTL_S}s`): Promise<string | null> {
+  const t = `inet ${fenceTable(uid)}`;
+  const elements = ownPortElements(ports);
+  if (elements.length === 0) return null;
+  if ((await nft(["-f", "-"], `${renewed(t, "own_ports", elements, ttl).join("\n")}\n`)) === null) return null;
+  // One transaction fails whole: a replica that went meanwhile (its cgroup with it) must not keep the others closed.
+  const failures: string[] = [];
+  for (const element of elements) {
+    const failed = await nft(["-f", "-"], `${renewed(t, "own_ports", [element], ttl).join("\n")}\n`);
+    if (failed) failures.push(`${element}: ${failed}`);
+  }
+  return failures.length > 0 ? failures.join("; ") : null;
 }
 
 /** Runs `nft args`, `input` on its stdin; null when it exited 0, else what went wrong. */
@@ -122,15 +191,19 @@ async function nft(args: string[], input?: string): Promise<string | null> {
 export async function installTenantFence(
   spec: FenceSpec,
   opts: { portTtlS?: number } = {},
-): Promise<{ ok: true; created: boolean } | { ok: false; reason: string }> {
+): Promise<{ ok: true; created: boolean; noOwnPorts?: string } | { ok: false; reason: string }> {
   const fresh = (await nft(["list", "set", "inet", fenceTable(spec.uid), "router_ports"])) !== null;
   const failed = await nft(["-f", "-"], fenceRuleset(spec, { fresh, ...opts }));
-  return failed ? { ok: false, reason: failed } : { ok: true, created: fresh };
+  if (failed) return { ok: false, reason: failed };
+  const noOwnPorts = await nft(["-f", "-"], ownPortRuleset(spec.uid));
+  return noOwnPorts ? { ok: true, created: fresh, noOwnPorts } : { ok: true, created: fresh };
 }
 
 export interface TenantFence {
   /** Closes a replica's port to the outside now, before the replica listens on it. */
   guard(port: number): Promise<void>;
+  /** Lets a replica through to its own port now, before it starts. */
+  openOwnPort(own: OwnPort): Promise<void>;
   /** Renews the fence now, with the replica ports of `replicaPorts` as they are. */
   renew(): Promise<void>;
   stop(): void;
@@ -138,28 +211,41 @@ export interface TenantFence {
 
 /**
  * Puts the fence in place and keeps it there: renewed every `renewMs` with the replica ports
- * `replicaPorts` names then, put back whole when it is gone. Without nft (or root) it says so
- * once and tenant code runs unfenced.
+ * `replicaPorts` and `ownPorts` name then, put back whole when it is gone. Without nft (or root)
+ * it says so once and tenant code runs unfenced.
  */
 export async function keepTenantFence(
   spec: Omit<FenceSpec, "replicaPorts">,
   logger: Logger,
-  opts: { replicaPorts?: () => number[]; renewMs?: number; portTtlS?: number } = {},
+  opts: { replicaPorts?: () => number[]; ownPorts?: () => OwnPort[]; renewMs?: number; portTtlS?: number } = {},
 ): Promise<TenantFence> {
   const table = fenceTable(spec.uid);
+  const ttl = `${opts.portTtlS ?? PORT_TTL_S}s`;
   const now = (): FenceSpec => ({ ...spec, replicaPorts: opts.replicaPorts?.() ?? [] });
   const put = await installTenantFence(now(), opts);
   if (!put.ok) {
     logger.warn({ uid: spec.uid, reason: put.reason }, "no tenant fence: tenant code can connect to the host's own services (Postgres, NATS, other replicas)");
-    return { guard: async () => undefined, renew: async () => undefined, stop: () => undefined };
+    return { guard: async () => undefined, openOwnPort: async () => undefined, renew: async () => undefined, stop: () => undefined };
   }
   logger.info({ uid: spec.uid, table, deniedNets: spec.deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
+  let ownPorts = !put.noOwnPorts;
+  if (put.noOwnPorts) logger.warn({ table, reason: put.noOwnPorts }, "replicas cannot connect to their own port: the tenant fence refuses it like any of the host's");
+  const openOwn = async (ports: OwnPort[]) => {
+    const failed = ownPorts ? await openOwnPorts(spec.uid, ports, ttl) : null;
+    // The replica runs all the same: the next renewal tries again (one that went meanwhile is no longer asked for).
+    if (failed) logger.warn({ table, reason: failed }, "a replica's own port could not be opened to it");
+  };
   let renewing: Promise<void> | null = null;
   const renew = () =>
     (renewing ??= installTenantFence(now(), opts)
-      .then((again) => {
-        if (!again.ok) logger.error({ table, reason: again.reason }, "the tenant fence could not be renewed: once gone, tenant code can connect to the host's own services");
-        else if (again.created) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
+      .then(async (again) => {
+        if (!again.ok) {
+          logger.error({ table, reason: again.reason }, "the tenant fence could not be renewed: once gone, tenant code can connect to the host's own services");
+          return;
+        }
+        if (again.created) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
+        ownPorts = !again.noOwnPorts;
+        await openOwn(opts.ownPorts?.() ?? []);
       })
       .finally(() => (renewing = null)));
   const timer = setInterval(() => void renew(), opts.renewMs ?? FENCE_RENEW_MS);
@@ -170,6 +256,7 @@ export async function keepTenantFence(
       // The replica starts all the same: the next renewal closes its port, and says why it could not.
       if (failed) logger.error({ table, port, reason: failed }, "a replica's port could not be closed to the outside");
     },
+    openOwnPort: (own) => openOwn([own]),
     renew,
     stop: () => clearInterval(timer),
   };

@@ -11,7 +11,7 @@ import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { ProcessDriver, probeHttpClient } from "../src/runtime/process.ts";
-import { probeCgroup } from "../src/cgroups.ts";
+import { probeCgroup, probeSocketCgroup } from "../src/cgroups.ts";
 import { probeSandbox } from "../src/sandbox.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
 import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
@@ -19,6 +19,7 @@ import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
 const sandbox = await probeSandbox();
 const memory = await probeCgroup("memory");
 const pids = await probeCgroup("pids");
+const sockets = await probeSocketCgroup();
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 const noMemory = memory.ok ? "" : ` (skipped: ${memory.reason})`;
 
@@ -435,6 +436,26 @@ describe("ProcessDriver limits", () => {
     expect(spawnSync("true").status).toBe(0);
     await driver.remove(spec.id);
     expect(existsSync(record.pidsCgroup)).toBe(false);
+  });
+
+  it.skipIf(!sockets.ok)(`runs a replica with a port in a cgroup v2 of its own, named to the fence before it starts, and removes it with the replica${sockets.ok ? "" : ` (skipped: ${sockets.reason})`}`, async () => {
+    const named: Array<{ cgroup: string; port: number }> = [];
+    const driver = new ProcessDriver({ runDir, runAs: TENANT, ownPort: (cgroup, port) => named.push({ cgroup, port }) });
+    drivers.push(driver);
+    const port = await freePort();
+    const spec = makeSpec(nodeCommand(HTTP_SERVER), { port, env: { PORT: String(port) } });
+    const state = await driver.start(spec);
+    expect(named).toEqual([{ cgroup: state.socketCgroup, port }]);
+    expect(await get(port)).toBe(`hello from ${port}`);
+    // The kernel marks the replica's sockets with this cgroup: its processes are in it.
+    const procs = (await readFile(path.join(state.socketCgroup!, "cgroup.procs"), "utf8")).trim().split("\n").map(Number);
+    expect(procs).toContain(Number(state.handle));
+    // A background service (no port) needs none.
+    const worker = await driver.start(makeSpec(nodeCommand("setInterval(() => undefined, 1000)")));
+    expect(worker.socketCgroup).toBeUndefined();
+    expect(named).toHaveLength(1);
+    await driver.remove(spec.id);
+    expect(existsSync(state.socketCgroup!)).toBe(false);
   });
 
   it.skipIf(!sandbox.ok)(`sandboxes a replica: only its release dir, HOME and a private /tmp are writable, the network is shared${noSandbox}`, async () => {

@@ -11,7 +11,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { probeSandbox, Sandbox } from "../src/sandbox.ts";
 import { findHostTool } from "../src/quiet-command.ts";
 import { createLogger } from "@platform/logger";
-import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence, keepTenantFence } from "../src/tenant-fence.ts";
+import { controlPlaneAddresses, fenceRuleset, fenceTable, installTenantFence, keepTenantFence, nftCgroupPath, type OwnPort } from "../src/tenant-fence.ts";
+import { createSocketCgroup, inCgroups, probeSocketCgroup } from "../src/cgroups.ts";
+import { removeCgroup } from "@platform/fleet";
 
 const TENANT = { uid: 61999, gid: 61999 };
 const run = promisify(execFile);
@@ -72,7 +74,7 @@ describe("controlPlaneAddresses", () => {
  * What each connection made by tenant code (in the sandbox, as the tenant user) ended in; with
  * `ownNetwork`, from a network namespace of its own, as a build command's.
  */
-async function fromTenantCode(targets: Record<string, [string, number]>, opts: { ownNetwork?: boolean } = {}): Promise<Record<string, string>> {
+async function fromTenantCode(targets: Record<string, [string, number]>, opts: { ownNetwork?: boolean; cgroup?: string } = {}): Promise<Record<string, string>> {
   const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
   const script = `
     const net = require("node:net");
@@ -84,7 +86,9 @@ async function fromTenantCode(targets: Record<string, [string, number]>, opts: {
     const targets = ${JSON.stringify(targets)};
     Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
   `;
-  const { argv, network } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: opts.ownNetwork });
+  const wrapped = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: opts.ownNetwork });
+  const { network } = wrapped;
+  const argv = opts.cgroup ? inCgroups([opts.cgroup], wrapped.argv) : wrapped.argv;
   if (!opts.ownNetwork) return JSON.parse((await run(argv[0]!, argv.slice(1))).stdout) as Record<string, string>;
   expect(network).not.toBeNull();
   const child = spawn(argv[0]!, argv.slice(1), { stdio: network!.stdio(["ignore", "pipe", "ignore"]) });
@@ -98,6 +102,8 @@ async function fromTenantCode(targets: Record<string, [string, number]>, opts: {
 
 const sandbox = await probeSandbox(TENANT);
 const probe = sandbox.ok && sandbox.user ? await installTenantFence({ uid: TENANT.uid, routerPorts: [], replicaPorts: [], deniedNets: [] }) : null;
+const socketCgroups = await probeSocketCgroup();
+const noSocketCgroups = !socketCgroups.ok ? ` (skipped: ${socketCgroups.reason})` : nftCgroupPath(socketCgroups.cgroup.dir) === null ? ` (skipped: nft cannot name ${socketCgroups.cgroup.dir})` : probe?.ok && probe.noOwnPorts ? ` (skipped: ${probe.noOwnPorts})` : "";
 const skip = !sandbox.ok ? sandbox.reason : !sandbox.user ? (sandbox.userProblem ?? "no tenant user") : probe && !probe.ok ? probe.reason : "";
 
 describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${skip ? ` (skipped: ${skip})` : ""}`, () => {
@@ -144,6 +150,35 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     });
     // The agent's own user is not fenced.
     expect(await connect("127.0.0.1", portOf(hostService))).toBe("connected");
+  });
+
+  it.skipIf(noSocketCgroups !== "")(`lets a replica through to its own port, and to no other replica's${noSocketCgroups}`, async () => {
+    const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
+    const parent = (socketCgroups as { ok: true; cgroup: { version: 2; dir: string } }).cgroup;
+    const [mine, theirs] = await Promise.all([createSocketCgroup(parent, `fence-test-a-${process.pid}`), createSocketCgroup(parent, `fence-test-b-${process.pid}`)]);
+    const [myPort, theirPort] = await Promise.all([listen(), listen()]);
+    let own: OwnPort[] = [{ cgroup: theirs, port: portOf(theirPort) }];
+    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own });
+    try {
+      await kept.renew();
+      // A replica that starts is let through before it runs.
+      await kept.openOwnPort({ cgroup: mine, port: portOf(myPort) });
+      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)], hostService: ["127.0.0.1", portOf(hostService)] }, { cgroup: mine })).toEqual({
+        mine: "connected",
+        theirs: "ECONNREFUSED",
+        hostService: "ECONNREFUSED",
+      });
+      // Tenant code in no replica's cgroup (a build, say) reaches neither.
+      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)] })).toEqual({ mine: "ECONNREFUSED", theirs: "ECONNREFUSED" });
+      // Renewals keep what the runtime names: the other replica reaches its own port.
+      own = [{ cgroup: mine, port: portOf(myPort) }, { cgroup: theirs, port: portOf(theirPort) }];
+      await kept.renew();
+      expect(await fromTenantCode({ theirs: ["127.0.0.1", portOf(theirPort)], mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: theirs })).toEqual({ theirs: "connected", mine: "ECONNREFUSED" });
+    } finally {
+      kept.stop();
+      await Promise.all([myPort, theirPort].map((s) => new Promise((r) => s.close(r))));
+      await Promise.all([mine, theirs].map((dir) => removeCgroup(dir).catch(() => undefined)));
+    }
   });
 
   it("keeps tenant code's broadcasts and multicasts from the host's listeners", async () => {

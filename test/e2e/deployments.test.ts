@@ -626,14 +626,15 @@ describe("another group's ids are not found", () => {
 });
 
 describe("tenant code", () => {
-  it("runs as the tenant user, and reaches none of the platform's own services on the host but the router", async () => {
+  it("runs as the tenant user, and reaches none of the platform's own services on the host but the router and its own port", async () => {
     const reach = `
   if (path === "/reach") {
-    // Connects to each host:port the query names and says how each attempt ended.
+    // Connects to each host:port the query names ($PORT: its own) and says how each attempt ended.
     const targets = Object.entries(Object.fromEntries(new URL(req.url, "http://app").searchParams));
     import("node:net").then(({ default: net }) => Promise.all(targets.map(([name, to]) => new Promise((resolve) => {
       const at = to.lastIndexOf(":");
-      const s = net.connect({ host: to.slice(0, at), port: Number(to.slice(at + 1)), timeout: 3000 }, () => { s.destroy(); resolve([name, "connected"]); });
+      const port = to.slice(at + 1) === "$PORT" ? process.env.PORT : to.slice(at + 1);
+      const s = net.connect({ host: to.slice(0, at), port: Number(port), timeout: 3000 }, () => { s.destroy(); resolve([name, "connected"]); });
       s.on("timeout", () => { s.destroy(); resolve([name, "timeout"]); });
       s.on("error", (e) => resolve([name, e.code]));
     })))).then((seen) => {
@@ -653,10 +654,11 @@ describe("tenant code", () => {
       deployQueue: hostPort(fleet.env.DEPLOY_QUEUE_URL!),
       api: hostPort(fleet.api),
       router: `127.0.0.1:${fleet.routerPort}`,
+      self: "127.0.0.1:$PORT",
     };
     const url = (await waitFor(getApp, (a) => a.running_version === deployed.tag)).urls[0] as string;
     const res = await viaRouter(`${url}/reach?${new URLSearchParams(targets)}`);
     expect(res.status).toBe(200);
-    expect(JSON.parse(res.body)).toEqual({ uid: 61000, postgres: "ECONNREFUSED", nats: "ECONNREFUSED", deployQueue: "ECONNREFUSED", api: "ECONNREFUSED", router: "connected" });
+    expect(JSON.parse(res.body)).toEqual({ uid: 61000, postgres: "ECONNREFUSED", nats: "ECONNREFUSED", deployQueue: "ECONNREFUSED", api: "ECONNREFUSED", router: "connected", self: "connected" });
   });
 });

@@ -17,7 +17,7 @@ import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, Runti
 import { errorText } from "../error-text.ts";
 import { DEFAULT_PATH, findOnPath } from "../quiet-command.ts";
 import { Sandbox, type TenantUser } from "../sandbox.ts";
-import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, probeCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
+import { createMemoryCgroup, createPidsCgroup, createSocketCgroup, inCgroups, oomKillCount, probeCgroup, probeSocketCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -34,6 +34,12 @@ export interface ProcessDriverOptions {
   memoryLimits?: "auto" | "off";
   /** The processes and threads one replica may run together (AGENT_PIDS_MAX); absent or 0: no limit. */
   pidsMax?: number;
+  /**
+   * Lets a replica connect to its own port, which the tenant fence refuses the tenant user on the
+   * host's addresses: called before the replica starts with the cgroup v2 its sockets are known
+   * by. Absent: no such cgroup is made.
+   */
+  ownPort?(socketCgroup: string, port: number): void;
 }
 
 type Stream = "stdout" | "stderr";
@@ -81,6 +87,8 @@ interface ReplicaRecord {
   pidsCgroup?: string | null;
   /** The cgroup's OOM kill count at start: a cgroup reused by a restart keeps its old count. */
   oomBase: number;
+  /** The cgroup v2 its sockets are known by (ownPort); absent in records of agents before it. */
+  socketCgroup?: string | null;
   sandboxed: boolean;
   exit?: { code: number | null; signal: string | null; oomKilled: boolean; at: string };
   capability?: { httpClient: HttpClient; probedAt: string };
@@ -214,6 +222,8 @@ export class ProcessDriver implements RuntimeDriver {
   readonly #outputListeners: Array<(line: OutputLine) => void> = [];
   #memory: Promise<CgroupParent | null> | null = null;
   #pids: Promise<CgroupParent | null> | null = null;
+  #sockets: Promise<CgroupParent | null> | null = null;
+  readonly #ownPort: ProcessDriverOptions["ownPort"];
   #outputTimer: NodeJS.Timeout | null = null;
   #exitTimer: NodeJS.Timeout | null = null;
   #closed = false;
@@ -224,6 +234,7 @@ export class ProcessDriver implements RuntimeDriver {
     this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, runAs: opts.runAs, logger: opts.logger, what: "replicas" });
     this.#memoryMode = opts.memoryLimits ?? "auto";
     this.#pidsMax = opts.pidsMax ?? 0;
+    this.#ownPort = opts.ownPort;
   }
 
   /**
@@ -263,9 +274,18 @@ export class ProcessDriver implements RuntimeDriver {
         this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's pids cgroup; it runs without a process limit");
       }
     }
-    const cgroups = [cgroup, pidsCgroup].filter((c): c is string => c !== null);
+    const sockets = spec.port !== null && this.#ownPort ? await this.#socketsReady() : null;
+    let socketCgroup: string | null = null;
+    if (sockets) {
+      try {
+        socketCgroup = await createSocketCgroup(sockets, spec.id);
+      } catch (err) {
+        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's socket cgroup; it cannot connect to its own port");
+      }
+    }
+    const cgroups = [cgroup, pidsCgroup, socketCgroup].filter((c): c is string => c !== null);
 
-    for (const old of [previous?.record.cgroup, previous?.record.pidsCgroup]) {
+    for (const old of [previous?.record.cgroup, previous?.record.pidsCgroup, previous?.record.socketCgroup]) {
       if (old && !cgroups.includes(old)) await removeCgroup(old).catch(() => undefined);
     }
 
@@ -276,8 +296,8 @@ export class ProcessDriver implements RuntimeDriver {
       dieWithParent: false,
       bindPorts: spec.port === null ? [] : [spec.port],
     });
-    let argv = sandboxed.argv;
-    argv = inCgroups(cgroups, argv);
+    const argv = inCgroups(cgroups, sandboxed.argv);
+    if (socketCgroup !== null && spec.port !== null) this.#ownPort?.(socketCgroup, spec.port);
     const env: Record<string, string> = {
       PATH: `${path.dirname(process.execPath)}:${process.env.PATH ?? DEFAULT_PATH}`,
       HOME: home,
@@ -315,6 +335,7 @@ export class ProcessDriver implements RuntimeDriver {
       cgroup,
       pidsCgroup,
       oomBase,
+      socketCgroup,
       sandboxed: sandboxed.sandboxed,
       capability: { httpClient: await probeHttpClient(env.PATH ?? DEFAULT_PATH), probedAt: new Date().toISOString() },
     };
@@ -362,7 +383,7 @@ export class ProcessDriver implements RuntimeDriver {
       // Never adopted: its record still names its cgroups.
       record = await readFile(path.join(dir, "replica.json"), "utf8").then((text) => JSON.parse(text) as ReplicaRecord, () => null);
     }
-    for (const cgroup of new Set([record?.cgroup, record?.pidsCgroup])) if (cgroup) await removeCgroup(cgroup);
+    for (const cgroup of new Set([record?.cgroup, record?.pidsCgroup, record?.socketCgroup])) if (cgroup) await removeCgroup(cgroup);
     this.#replicas.delete(replicaId);
     await rm(dir, { recursive: true, force: true });
   }
@@ -390,6 +411,7 @@ export class ProcessDriver implements RuntimeDriver {
     void this.#sandbox.ready();
     void this.#memoryReady();
     if (this.#pidsMax > 0) void this.#pidsReady();
+    if (this.#ownPort) void this.#socketsReady();
     const root = path.join(this.#runDir, "replicas");
     const ids = await readdir(root).catch(() => [] as string[]);
     const adopted: ReplicaState[] = [];
@@ -476,6 +498,7 @@ export class ProcessDriver implements RuntimeDriver {
       startedAt: replica.startedAt,
       running: replica.running,
       exit: replica.exit ? { ...replica.exit } : null,
+      ...(replica.record.socketCgroup ? { socketCgroup: replica.record.socketCgroup } : {}),
       ...(replica.record.capability ? { capability: { httpClient: replica.record.capability.httpClient, probedAt: new Date(replica.record.capability.probedAt) } } : {}),
     };
   }
@@ -490,6 +513,15 @@ export class ProcessDriver implements RuntimeDriver {
       return null;
     });
     return this.#pids;
+  }
+
+  #socketsReady(): Promise<CgroupParent | null> {
+    this.#sockets ??= probeSocketCgroup().then((probe) => {
+      if (probe.ok) return probe.cgroup;
+      this.#logger?.warn({ reason: probe.reason }, "replicas cannot connect to their own port: their sockets cannot be told apart from other tenants'");
+      return null;
+    });
+    return this.#sockets;
   }
 
   #memoryReady(): Promise<CgroupParent | null> {

@@ -60,6 +60,8 @@ export interface ReplicaState {
   exit: ExitInfo | null;
   /** Absent when the driver does not probe (docker). */
   capability?: Capability;
+  /** The cgroup v2 its sockets are known by, for the tenant fence to let it reach its own port (process driver). */
+  socketCgroup?: string;
 }
 
 export interface OutputLine {
