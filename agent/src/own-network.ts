@@ -14,7 +14,10 @@
  * bubblewrap makes the namespace, reports the sandbox's pid on INFO_FD and waits on BLOCK_FD; the
  * agent opens the namespace (as root) and hands it to slirp4netns, which it starts as the tenant
  * user with only the three capabilities it needs to join the namespace, make its tap device and
- * open /dev/net/tun (root's alone), under its own seccomp filter. Not with --enable-sandbox: that
+ * open /dev/net/tun (root's alone), under its own seccomp filter. Not before bubblewrap has set up
+ * the namespace's loopback: slirp4netns sets lo up too, and when it comes first the kernel gives
+ * lo 127.0.0.1 before bubblewrap adds it, which bubblewrap takes for a failure ("loopback: Failed
+ * RTM_NEWADDR"; about one command in a hundred failed so when the two raced). Not with --enable-sandbox: that
  * leaves it running with effective uid 0, and its sockets would be root's, past the fence. Tenant
  * code cannot reach the process: it lies outside every sandbox's pid namespace and Landlock
  * domain, and holds capabilities the tenant user lacks (no ptrace). When it is ready, the command
@@ -96,6 +99,21 @@ function sandboxPid(info: Readable): Promise<number> {
 }
 
 /**
+ * Resolves once bubblewrap has given the namespace of sandbox `pid` its loopback: 127.0.0.0/8
+ * routed, which the kernel does when lo has its address and is up.
+ */
+export async function loopbackReady(pid: number, bwrap: ChildProcess): Promise<void> {
+  const deadline = Date.now() + READY_TIMEOUT_MS;
+  for (;;) {
+    const routes = await readFile(`/proc/${pid}/net/fib_trie`, "utf8").catch(() => "");
+    if (routes.includes("/8 host LOCAL")) return;
+    if (bwrap.exitCode !== null || bwrap.signalCode !== null) throw new Error("bubblewrap ended before it set up the sandbox's loopback");
+    if (Date.now() > deadline) throw new Error(`bubblewrap did not set up the sandbox's loopback within ${READY_TIMEOUT_MS / 1000} s`);
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+}
+
+/**
  * Gives the command spawned with ownNetworkArgs/ownNetworkStdio its network, then lets it run.
  * Rejects when it cannot (the command still waits: the caller ends it).
  */
@@ -105,6 +123,7 @@ export async function attachOwnNetwork(child: ChildProcess, tool: OwnNetworkTool
   const go = stdio[BLOCK_FD] as Writable;
   const pid = await sandboxPid(info);
   info.resume();
+  await loopbackReady(pid, child);
   const ns = await open(`/proc/${pid}/ns/net`, "r");
   let slirp: ChildProcess;
   try {
