@@ -46,6 +46,8 @@ export interface BuildDeps {
   imageDir: string;
   allowFileRepos: boolean;
   timeoutMs: number;
+  /** Base environment of git (default `process.env`), as for the preflight. */
+  gitEnv?: NodeJS.ProcessEnv;
   /** One line of build output (also kept for the stored log). */
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
   /**
@@ -387,7 +389,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     const repo = checkRepositoryUrl(job.repository, deps.allowFileRepos);
     if (!repo.ok) throw new BuildFailure(repo.detail);
     emit("info", `Cloning ${job.branch} of ${job.repository}`);
-    const env = gitEnv();
+    const env = gitEnv(deps.gitEnv);
     const clone = await runGit(
       // Into a path relative to the workspace: git's messages name it, and the agent's paths are no user's business.
       [...gitProtocolConfig(deps.allowFileRepos), "clone", "--depth", "1", "--single-branch", "--branch", job.branch, "--", job.repository, path.relative(workspace, src)],

@@ -10,6 +10,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../../test/fixtures/git.ts";
+import { gitHttpsUnavailable, gitSshUnavailable, serveGitOverHttps, serveGitOverSsh } from "../../test/fixtures/git-servers.ts";
 import { removePartialImages, runBuild, type BuildDeps, type BuildJob } from "../src/builder.ts";
 import { releaseDir } from "../src/deployer.ts";
 import { phaseReports } from "../src/work.ts";
@@ -90,6 +91,32 @@ it("tells the queue the commit with the phase after the clone, as the result has
   expect(reported.find((r) => r.name === "config")?.commit).toEqual(commit);
   expect(reported.filter((r) => r.commit !== undefined).map((r) => r.name)).toEqual(["config"]);
   expect(outcome.result).toMatchObject({ commit_hash: repo.head });
+});
+
+const noHttps = gitHttpsUnavailable();
+const noSsh = gitSshUnavailable();
+
+it.skipIf(noHttps !== null)(`clones the branch from a git host over HTTPS${noHttps ? ` (skipped: ${noHttps})` : ""}`, async () => {
+  const server = await serveGitOverHttps();
+  try {
+    const outcome = await runBuild({ ...job("main-00000011", false), repository: server.url(repo.url) }, { ...deps(), gitEnv: { ...process.env, GIT_SSL_CAINFO: server.caFile } });
+    expect(outcome).toMatchObject({ status: "completed", result: { commit_hash: repo.head, commit_author: expect.stringContaining("Platform Fixtures") } });
+    expect(await stat(path.join(dir, "images", "node-web", "main-00000011.tar.gz"))).toBeTruthy();
+  } finally {
+    await server.stop();
+  }
+});
+
+it.skipIf(noSsh !== null)(`clones the branch from a git host over SSH with the agent's key, and fails with git's reason for a key the host refuses${noSsh ? ` (skipped: ${noSsh})` : ""}`, async () => {
+  const server = await serveGitOverSsh();
+  try {
+    const outcome = await runBuild({ ...job("main-00000012", false), repository: server.url(repo.url) }, { ...deps(), gitEnv: { ...process.env, GIT_SSH_COMMAND: server.sshCommand } });
+    expect(outcome).toMatchObject({ status: "completed", result: { commit_hash: repo.head } });
+    const refused = await runBuild({ ...job("main-00000013", false), repository: server.url(repo.url) }, { ...deps(), gitEnv: { ...process.env, GIT_SSH_COMMAND: server.unknownKeySshCommand } });
+    expect(refused).toMatchObject({ status: "failed", error_message: expect.stringMatching(/^Clone failed: .*permission denied/i) });
+  } finally {
+    await server.stop();
+  }
 });
 
 it("keeps nothing of a build no deploy follows", async () => {

@@ -1,12 +1,14 @@
 /**
  * GIT_PREFLIGHT against real git repositories (the fixtures of test/fixtures, as file:// bare
- * repositories): each of the four answers, and the refusals that come before git.
+ * repositories, and served over HTTPS and SSH by real servers on loopback): each of the four
+ * answers, and the refusals that come before git.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mkdtemp, readdir, rm, symlink } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { makeFixtureRepo, type FixtureRepo } from "../../test/fixtures/git.ts";
+import { gitHttpsUnavailable, gitSshUnavailable, serveGitOverHttps, serveGitOverSsh } from "../../test/fixtures/git-servers.ts";
 import { checkConfigPath, checkRepositoryUrl, gitPreflight, type PreflightDeps } from "../src/preflight.ts";
 
 let workDir: string;
@@ -113,6 +115,51 @@ describe("gitPreflight: the four answers", () => {
     const other = await gitPreflight({ repository: repos.nodeWeb.url, branch: "does-not-exist", config_path: "platform.yaml" }, deps);
     expect(other).toMatchObject({ status: "no_access", result: { reason: "branch_not_found" } });
     await expectNoClones();
+  });
+});
+
+const noHttps = gitHttpsUnavailable();
+const noSsh = gitSshUnavailable();
+
+describe("gitPreflight: over the network", () => {
+  it.skipIf(noHttps !== null)(`reads a repository over HTTPS, and says no_access when the server is not trusted or wants a credential${noHttps ? ` (skipped: ${noHttps})` : ""}`, async () => {
+    const open = await serveGitOverHttps();
+    const locked = await serveGitOverHttps({ password: "s3cret" });
+    try {
+      const trusted = { ...deps, env: { ...process.env, GIT_SSL_CAINFO: open.caFile } };
+      const ready = await gitPreflight({ repository: open.url(repos.nodeWeb.url), branch: "main", config_path: "platform.yaml" }, trusted);
+      expect(ready).toMatchObject({ status: "ready", result: { services: ["web"] }, commit: repos.nodeWeb.head });
+      const missing = await gitPreflight({ repository: open.url(repos.noConfig.url), branch: "main", config_path: "platform.yaml" }, trusted);
+      expect(missing).toMatchObject({ status: "needs_config", commit: repos.noConfig.head });
+      // A certificate nothing vouches for is refused, not skipped.
+      const untrusted = await gitPreflight({ repository: open.url(repos.nodeWeb.url), branch: "main", config_path: "platform.yaml" }, { ...deps, env: Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("GIT_SSL"))) });
+      expect(untrusted).toMatchObject({ status: "no_access", result: { reason: "repository_unreachable", detail: expect.stringMatching(/certificate/i) } });
+      // A repository behind a password the agent does not have: no prompt, an answer.
+      const denied = await gitPreflight(
+        { repository: locked.url(repos.nodeWeb.url), branch: "main", config_path: "platform.yaml" },
+        { ...deps, env: { ...process.env, GIT_SSL_CAINFO: locked.caFile } },
+      );
+      expect(denied).toMatchObject({ status: "no_access", result: { reason: "repository_unreachable" } });
+      await expectNoClones();
+    } finally {
+      await Promise.all([open.stop(), locked.stop()]);
+    }
+  });
+
+  it.skipIf(noSsh !== null)(`reads a repository over SSH with the agent's key, and says no_access for a key the server does not know${noSsh ? ` (skipped: ${noSsh})` : ""}`, async () => {
+    const ssh = await serveGitOverSsh();
+    try {
+      const ready = await gitPreflight({ repository: ssh.url(repos.nodeWeb.url), branch: "main", config_path: "platform.yaml" }, { ...deps, env: { ...process.env, GIT_SSH_COMMAND: ssh.sshCommand } });
+      expect(ready).toMatchObject({ status: "ready", result: { services: ["web"] }, commit: repos.nodeWeb.head });
+      const denied = await gitPreflight(
+        { repository: ssh.url(repos.nodeWeb.url), branch: "main", config_path: "platform.yaml" },
+        { ...deps, env: { ...process.env, GIT_SSH_COMMAND: ssh.unknownKeySshCommand } },
+      );
+      expect(denied).toMatchObject({ status: "no_access", result: { reason: "repository_unreachable", detail: expect.stringMatching(/permission denied/i) } });
+      await expectNoClones();
+    } finally {
+      await ssh.stop();
+    }
   });
 });
 

@@ -1,12 +1,15 @@
 /**
  * Builds through HTTP only (spec doc 1 sections 2.2, 2.3, 3.1, 4.3, 4.5 queue routes, 4.6):
  * a real agent clones the fixture repository with git, runs its build command and keeps the
- * image; the tenant watches the queue and reads the log. A second fleet without an agent shows
- * the cancel of a queued build cascading to its deploy.
+ * image; the tenant watches the queue and reads the log. The agent also clones from git hosts
+ * on loopback over HTTPS and SSH, trusting them as an operator configures an agent's git
+ * (GIT_SSL_CAINFO, GIT_SSH_COMMAND). A second fleet without an agent shows the cancel of a queued
+ * build cascading to its deploy.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestFleet, type TestFleet } from "@platform/testing";
 import { makeFixtureRepo, webConfigBuiltBy, type FixtureRepo } from "../fixtures/git.ts";
+import { gitHttpsUnavailable, gitSshUnavailable, serveGitOverHttps, serveGitOverSsh, type GitHttpsServer, type GitSshServer } from "../fixtures/git-servers.ts";
 import { call, waitFor } from "./support.ts";
 
 let fleet: TestFleet;
@@ -15,6 +18,10 @@ let acme: string;
 let globex: string;
 let web: FixtureRepo;
 let failing: FixtureRepo;
+const noHttps = gitHttpsUnavailable();
+const noSsh = gitSshUnavailable();
+let https: GitHttpsServer | undefined;
+let ssh: GitSshServer | undefined;
 
 async function key(f: TestFleet, group: string, scope = "admin") {
   await call(f.api, "POST", "/groups", { credential: f.rootKey, body: { slug: group } });
@@ -29,7 +36,9 @@ async function untilFinished(credential: string, buildId: string) {
 }
 
 beforeAll(async () => {
-  fleet = await startTestFleet();
+  https = noHttps ? undefined : await serveGitOverHttps();
+  ssh = noSsh ? undefined : await serveGitOverSsh();
+  fleet = await startTestFleet({ env: { GIT_SSL_CAINFO: https?.caFile, GIT_SSH_COMMAND: ssh?.sshCommand } });
   api = fleet.api;
   acme = await key(fleet, "acme");
   globex = await key(fleet, "globex");
@@ -43,6 +52,8 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await fleet?.stop();
+  await https?.stop();
+  await ssh?.stop();
   await web?.cleanup();
   await failing?.cleanup();
 });
@@ -249,6 +260,38 @@ describe("a build on a real agent", () => {
     expect(other).toMatchObject({ status: 409, body: { detail: { code: "config_path_mismatch", config_path: "platform.yaml" } } });
     expect((await build("/etc/passwd")).status).toBe(422);
     expect((await build("./platform.yaml")).status).toBe(202);
+  });
+});
+
+describe("repositories on git hosts", () => {
+  /** Registers an app from `repository`, waits for its preflight, builds it: the finished build. */
+  async function registerAndBuild(app: string, repository: string) {
+    expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: app, repository } })).status).toBe(201);
+    const preflight = await waitFor(async () => (await call(api, "GET", `/apps/${app}`, { credential: acme })).body.preflight_status, (s) => s !== "pending");
+    expect(preflight).toBe("ready");
+    const r = await call(api, "POST", "/builds", { credential: acme, body: { app_name: app, repository, auto_deploy: false } });
+    expect(r.status).toBe(202);
+    return untilFinished(acme, r.body.build_id);
+  }
+
+  it.skipIf(noHttps !== null)(`registers, preflights and builds an app from an HTTPS repository${noHttps ? ` (skipped: ${noHttps})` : ""}`, async () => {
+    const repo = await makeFixtureRepo("node-web");
+    try {
+      const build = await registerAndBuild("web-https", https!.url(repo.url));
+      expect(build, build.error_message).toMatchObject({ status: "completed", commit_hash: repo.head });
+    } finally {
+      await repo.cleanup();
+    }
+  });
+
+  it.skipIf(noSsh !== null)(`registers, preflights and builds an app from an SSH repository${noSsh ? ` (skipped: ${noSsh})` : ""}`, async () => {
+    const repo = await makeFixtureRepo("node-web");
+    try {
+      const build = await registerAndBuild("web-ssh", ssh!.url(repo.url));
+      expect(build, build.error_message).toMatchObject({ status: "completed", commit_hash: repo.head });
+    } finally {
+      await repo.cleanup();
+    }
   });
 });
 
