@@ -142,9 +142,9 @@ function ownPortElements(ports: OwnPort[]): string[] {
 }
 
 /**
- * The nft script that lets replicas through to their own ports, run after fenceRuleset: its own
- * transaction, since a kernel or nft without \`socket cgroupv2\` refuses it, and the rest of the
- * fence must stand all the same.
+ * The nft script that lets replicas through to their own ports, after fenceRuleset and in the
+ * same transaction: applied apart, the moment between the two would refuse a replica calling
+ * itself at every renewal.
  */
 export function ownPortRuleset(uid: number): string {
   const t = `inet ${fenceTable(uid)}`;
@@ -193,10 +193,12 @@ export async function installTenantFence(
   opts: { portTtlS?: number } = {},
 ): Promise<{ ok: true; created: boolean; noOwnPorts?: string } | { ok: false; reason: string }> {
   const fresh = (await nft(["list", "set", "inet", fenceTable(spec.uid), "router_ports"])) !== null;
-  const failed = await nft(["-f", "-"], fenceRuleset(spec, { fresh, ...opts }));
-  if (failed) return { ok: false, reason: failed };
-  const noOwnPorts = await nft(["-f", "-"], ownPortRuleset(spec.uid));
-  return noOwnPorts ? { ok: true, created: fresh, noOwnPorts } : { ok: true, created: fresh };
+  const fence = fenceRuleset(spec, { fresh, ...opts });
+  const noOwnPorts = await nft(["-f", "-"], `${fence}${ownPortRuleset(spec.uid)}`);
+  if (noOwnPorts === null) return { ok: true, created: fresh };
+  // A kernel or nft without `socket cgroupv2` refuses the own ports: the rest of the fence stands all the same.
+  const failed = await nft(["-f", "-"], fence);
+  return failed ? { ok: false, reason: failed } : { ok: true, created: fresh, noOwnPorts };
 }
 
 export interface TenantFence {

@@ -72,9 +72,11 @@ describe("controlPlaneAddresses", () => {
 
 /**
  * What each connection made by tenant code (in the sandbox, as the tenant user) ended in; with
- * `ownNetwork`, from a network namespace of its own, as a build command's.
+ * `ownNetwork`, from a network namespace of its own, as a build command's; with `cgroup`, from
+ * that cgroup, as a replica's. With `forMs`, connections are made again and again for that long,
+ * and each target's distinct outcomes are given, comma-separated.
  */
-async function fromTenantCode(targets: Record<string, [string, number]>, opts: { ownNetwork?: boolean; cgroup?: string } = {}): Promise<Record<string, string>> {
+async function fromTenantCode(targets: Record<string, [string, number]>, opts: { ownNetwork?: boolean; cgroup?: string; forMs?: number } = {}): Promise<Record<string, string>> {
   const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
   const script = `
     const net = require("node:net");
@@ -84,7 +86,15 @@ async function fromTenantCode(targets: Record<string, [string, number]>, opts: {
       s.on("error", (e) => resolve(e.code));
     });
     const targets = ${JSON.stringify(targets)};
-    Promise.all(Object.values(targets).map(connect)).then((r) => console.log(JSON.stringify(Object.fromEntries(Object.keys(targets).map((k, i) => [k, r[i]])))));
+    const until = Date.now() + ${opts.forMs ?? 0};
+    (async () => {
+      const seen = Object.fromEntries(Object.keys(targets).map((k) => [k, new Set()]));
+      do {
+        const r = await Promise.all(Object.values(targets).map(connect));
+        Object.keys(targets).forEach((k, i) => seen[k].add(r[i]));
+      } while (Date.now() < until);
+      console.log(JSON.stringify(Object.fromEntries(Object.entries(seen).map(([k, s]) => [k, [...s].sort().join(",")]))));
+    })();
   `;
   const wrapped = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true, ownNetwork: opts.ownNetwork });
   const { network } = wrapped;
@@ -176,6 +186,13 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
       expect(await fromTenantCode({ theirs: ["127.0.0.1", portOf(theirPort)], mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: theirs })).toEqual({ theirs: "connected", mine: "ECONNREFUSED" });
     } finally {
       kept.stop();
+    }
+    // A renewal replaces the rules in one transaction: a replica calling itself all along is never refused.
+    const renewing = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own, renewMs: 5 });
+    try {
+      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine, forMs: 2000 })).toEqual({ mine: "connected" });
+    } finally {
+      renewing.stop();
       await Promise.all([myPort, theirPort].map((s) => new Promise((r) => s.close(r))));
       await Promise.all([mine, theirs].map((dir) => removeCgroup(dir).catch(() => undefined)));
     }
