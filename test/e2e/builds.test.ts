@@ -274,25 +274,21 @@ describe("repositories on git hosts", () => {
     return untilFinished(acme, r.body.build_id);
   }
 
-  it.skipIf(noHttps !== null)(`registers, preflights and builds an app from an HTTPS repository${noHttps ? ` (skipped: ${noHttps})` : ""}`, async () => {
-    const repo = await makeFixtureRepo("node-web");
-    try {
-      const build = await registerAndBuild("web-https", https!.url(repo.url));
-      expect(build, build.error_message).toMatchObject({ status: "completed", commit_hash: repo.head });
-    } finally {
-      await repo.cleanup();
-    }
-  });
-
-  it.skipIf(noSsh !== null)(`registers, preflights and builds an app from an SSH repository${noSsh ? ` (skipped: ${noSsh})` : ""}`, async () => {
-    const repo = await makeFixtureRepo("node-web");
-    try {
-      const build = await registerAndBuild("web-ssh", ssh!.url(repo.url));
-      expect(build, build.error_message).toMatchObject({ status: "completed", commit_hash: repo.head });
-    } finally {
-      await repo.cleanup();
-    }
-  });
+  const hosts = [
+    { protocol: "HTTPS", app: "web-https", unavailable: noHttps, url: (fileUrl: string) => https!.url(fileUrl) },
+    { protocol: "SSH", app: "web-ssh", unavailable: noSsh, url: (fileUrl: string) => ssh!.url(fileUrl) },
+  ];
+  for (const host of hosts) {
+    it.skipIf(host.unavailable !== null)(`registers, preflights and builds an app from an ${host.protocol} repository${host.unavailable ? ` (skipped: ${host.unavailable})` : ""}`, async () => {
+      const repo = await makeFixtureRepo("node-web");
+      try {
+        const build = await registerAndBuild(host.app, host.url(repo.url));
+        expect(build, build.error_message).toMatchObject({ status: "completed", commit_hash: repo.head });
+      } finally {
+        await repo.cleanup();
+      }
+    });
+  }
 });
 
 describe("without an agent: builds stay queued", () => {
