@@ -32,6 +32,8 @@ interface ComposeService {
   healthcheck?: { test?: string[] | string; interval?: string; timeout?: string; retries?: number };
   restart?: string;
   deploy?: { resources?: { limits?: { memory?: string } } };
+  privileged?: boolean;
+  user?: string;
   logging?: unknown;
   ports?: string[];
   volumes?: string[];
@@ -253,6 +255,11 @@ describe("docker-compose.yml: published ports", () => {
     for (const name of SERVICES) expect(service(name).ports, name).toBeUndefined();
   });
 
+  it("only the agent is privileged, and it runs as its image's user (root): it sandboxes tenant code", () => {
+    expect(Object.entries(compose.services).filter(([, s]) => s.privileged).map(([name]) => name)).toEqual(["agent"]);
+    expect(service("agent").user).toBeUndefined();
+  });
+
   it("the router is Caddy in the agent's network namespace, publishing PLATFORM_ROUTER_PORT", () => {
     const router = service("router");
     expect(router.image).toMatch(/^caddy:2\./);
@@ -354,12 +361,14 @@ describe("deploy/Dockerfile and .dockerignore", () => {
     expect(dockerfile).toMatch(/^ARG NODE_IMAGE=node:24-bookworm-slim$/m);
   });
 
-  it("installs with npm ci and gives the agent stage git, caddy and bubblewrap", () => {
+  it("installs with npm ci and gives the agent stage git, caddy and what sandboxes tenant code, run as root", () => {
     expect(dockerfile).toMatch(/\bnpm ci\b/);
     const agentStage = dockerfile.slice(dockerfile.search(/^FROM\s+\S+\s+AS\s+agent\s*$/im));
-    for (const pkg of ["git", "caddy", "bubblewrap"]) {
+    for (const pkg of ["git", "caddy", "bubblewrap", "nftables", "slirp4netns", "python3"]) {
       expect(agentStage, pkg).toMatch(new RegExp(`apt-get install[\\s\\S]*\\b${pkg}\\b`));
     }
+    // The sandbox, the fence and the cgroups of tenant code take root (deploy/Dockerfile says why).
+    expect(agentStage.match(/^USER\s+(\S+)/gm)?.at(-1)).toBe("USER root");
     const runtimeStage = dockerfile.slice(
       dockerfile.search(/^FROM\s+\S+\s+AS\s+runtime\s*$/im),
       dockerfile.search(/^FROM\s+\S+\s+AS\s+agent\s*$/im),

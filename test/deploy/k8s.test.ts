@@ -42,6 +42,7 @@ interface Container {
   readinessProbe?: Probe;
   startupProbe?: Probe;
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
+  securityContext?: { privileged?: boolean; runAsUser?: number; runAsNonRoot?: boolean; allowPrivilegeEscalation?: boolean; capabilities?: { drop?: string[]; add?: string[] } };
 }
 interface K8sObject {
   apiVersion: string;
@@ -50,7 +51,7 @@ interface K8sObject {
   spec?: {
     /** A Service's label map, or a workload's { matchLabels }. */
     selector?: Record<string, unknown>;
-    template?: { metadata?: { labels?: Record<string, string> }; spec?: { containers?: Container[] } };
+    template?: { metadata?: { labels?: Record<string, string> }; spec?: { containers?: Container[]; securityContext?: { runAsNonRoot?: boolean; runAsUser?: number } } };
     ports?: { name?: string; port: number; targetPort?: number | string }[];
   };
   data?: Record<string, string>;
@@ -255,5 +256,17 @@ describe("deploy/k8s: the agent", () => {
   it("is named after its node (AGENT_HOST_ID from spec.nodeName)", () => {
     const v = container("agent").env?.find((e) => e.name === "AGENT_HOST_ID");
     expect(v?.valueFrom?.fieldRef?.fieldPath).toBe("spec.nodeName");
+  });
+
+  it("runs privileged, as root, to sandbox tenant code; its router and every other process do not", () => {
+    expect(container("agent").securityContext).toMatchObject({ privileged: true, runAsUser: 0 });
+    const pod = workload("agent").spec?.template?.spec;
+    expect(pod?.securityContext?.runAsNonRoot).not.toBe(true);
+    const router = pod?.containers?.find((c) => c.name === "router");
+    expect(router?.securityContext).toMatchObject({ runAsNonRoot: true, allowPrivilegeEscalation: false, capabilities: { drop: ["ALL"] } });
+    for (const name of PROCESSES.filter((p) => p !== "agent")) {
+      expect(workload(name).spec?.template?.spec?.securityContext?.runAsNonRoot, name).toBe(true);
+      expect(container(name).securityContext?.privileged, name).not.toBe(true);
+    }
   });
 });
