@@ -63,8 +63,16 @@ async function tryCgroup(cgroup: CgroupParent, controller: Controller): Promise<
     if (!controllers.split(/\s+/).includes(controller)) return `cgroup v2: the ${controller} controller is not available in ${cgroup.dir}`;
     const subtree = await readFile(path.join(cgroup.dir, "cgroup.subtree_control"), "utf8").catch(() => "");
     if (!subtree.split(/\s+/).includes(controller)) {
+      const enable = () => writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), `+${controller}`);
       try {
-        await writeFile(path.join(cgroup.dir, "cgroup.subtree_control"), `+${controller}`);
+        await enable().catch(async (err: NodeJS.ErrnoException) => {
+          // v2 gives controllers to the children of a cgroup that holds no process itself (the
+          // root excepted): a systemd service's, a container's. Its processes, the agent's
+          // own among them, move into a leaf of their own first.
+          if (err.code !== "EBUSY") throw err;
+          await moveIntoLeaf(cgroup.dir);
+          await enable();
+        });
       } catch (err) {
         return `cgroup v2: cannot enable the ${controller} controller for children of ${cgroup.dir} (${errorText(err)})`;
       }
@@ -84,6 +92,24 @@ async function tryCgroup(cgroup: CgroupParent, controller: Controller): Promise<
     return `cgroup v${cgroup.version}: cannot set a ${controller} limit under ${cgroup.dir} (${errorText(err)})`;
   } finally {
     await rmdir(probe).catch(() => undefined);
+  }
+}
+
+/** The leaf cgroup v2 the agent's own processes move into, so that its cgroup may give controllers to the ones it makes. */
+export const AGENT_LEAF = "platform-agent";
+
+/** Moves every process of cgroup v2 `dir` into its child AGENT_LEAF. */
+export async function moveIntoLeaf(dir: string): Promise<void> {
+  const leaf = path.join(dir, AGENT_LEAF);
+  await mkdir(leaf).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== "EEXIST") throw err;
+  });
+  const pids = (await readFile(path.join(dir, "cgroup.procs"), "utf8")).split("\n").filter(Boolean);
+  for (const pid of pids) {
+    // A process that has exited meanwhile is no longer there to move.
+    await writeFile(path.join(leaf, "cgroup.procs"), pid).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== "ESRCH") throw err;
+    });
   }
 }
 
@@ -112,11 +138,15 @@ async function placement(): Promise<Placement | string> {
   }
 }
 
-/** This process's own cgroup v2 directory; null without a v2 hierarchy mounted for it. */
+/**
+ * This process's own cgroup v2 directory, where the cgroups it makes go: the one it was started
+ * in, also once it has moved into its AGENT_LEAF; null without a v2 hierarchy mounted for it.
+ */
 function v2Dir({ memberships, mounts }: Placement): string | null {
   const v2 = memberships.find((m) => m.controllers.length === 1 && m.controllers[0] === "");
   const v2Mount = mounts.find((m) => m.fstype === "cgroup2");
-  return v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
+  const dir = v2 && v2Mount ? cgroupDir(v2Mount, v2.path) : null;
+  return dir && path.basename(dir) === AGENT_LEAF ? path.dirname(dir) : dir;
 }
 
 /** Finds a hierarchy of `controller` this process may create limited cgroups in; v2 first. */
