@@ -160,17 +160,25 @@ export function ownPortRuleset(uid: number): string {
   ].join("\n");
 }
 
-/** Opens replicas' own ports for `ttl` (renewed); what went wrong when some could not be. */
-export async function openOwnPorts(uid: number, ports: OwnPort[], ttl = `${PORT_TTL_S}s`): Promise<string | null> {
+/**
+ * Opens replicas' own ports for `ttl` (renewed), and closes `closing` (a replica's port before it
+ * moved); what went wrong when some could not be opened.
+ */
+export async function openOwnPorts(uid: number, ports: OwnPort[], ttl = `${PORT_TTL_S}s`, closing: OwnPort[] = []): Promise<string | null> {
   const t = `inet ${fenceTable(uid)}`;
-  const elements = ownPortElements(ports);
-  if (elements.length === 0) return null;
-  if ((await nft(["-f", "-"], `${renewed(t, "own_ports", elements, ttl).join("\n")}\n`)) === null) return null;
-  // One transaction fails whole: a replica that went meanwhile (its cgroup with it) must not keep the others closed.
+  const opening = ownPortElements(ports).map((e) => renewed(t, "own_ports", [e], ttl));
+  // Added first, so that the deletion finds it there.
+  const closed = ownPortElements(closing).map((e) => [`add element ${t} own_ports { ${e} timeout 1s }`, `delete element ${t} own_ports { ${e} }`]);
+  if (opening.length + closed.length === 0) return null;
+  const script = (lines: string[][]) => `${lines.flat().join("\n")}\n`;
+  if ((await nft(["-f", "-"], script([...closed, ...opening]))) === null) return null;
+  // One transaction fails whole: a replica that went meanwhile (its cgroup with it) must not keep
+  // the others closed. A cgroup that went can hold no socket: what it was let through to is moot.
   const failures: string[] = [];
-  for (const element of elements) {
-    const failed = await nft(["-f", "-"], `${renewed(t, "own_ports", [element], ttl).join("\n")}\n`);
-    if (failed) failures.push(`${element}: ${failed}`);
+  for (const lines of closed) await nft(["-f", "-"], script([lines]));
+  for (const lines of opening) {
+    const failed = await nft(["-f", "-"], script([lines]));
+    if (failed) failures.push(failed);
   }
   return failures.length > 0 ? failures.join("; ") : null;
 }
@@ -232,8 +240,20 @@ export async function keepTenantFence(
   logger.info({ uid: spec.uid, table, deniedNets: spec.deniedNets }, "tenant fence in place: tenant code reaches none of the host's own services but the router");
   let ownPorts = !put.noOwnPorts;
   if (put.noOwnPorts) logger.warn({ table, reason: put.noOwnPorts }, "replicas cannot connect to their own port: the tenant fence refuses it like any of the host's");
+  /**
+   * The port each replica's cgroup was let through to last: the one a replica moved from (its
+   * port taken while it was down) is closed to it at once, not when it expires. A replica gone is
+   * not: no process is left in its cgroup to use it.
+   */
+  const opened = new Map<string, number>();
   const openOwn = async (ports: OwnPort[]) => {
-    const failed = ownPorts ? await openOwnPorts(spec.uid, ports, ttl) : null;
+    if (!ownPorts) return;
+    const closing = ports.flatMap(({ cgroup, port }) => {
+      const before = opened.get(cgroup);
+      return before !== undefined && before !== port ? [{ cgroup, port: before }] : [];
+    });
+    for (const { cgroup, port } of ports) opened.set(cgroup, port);
+    const failed = await openOwnPorts(spec.uid, ports, ttl, closing);
     // The replica runs all the same: the next renewal tries again (one that went meanwhile is no longer asked for).
     if (failed) logger.warn({ table, reason: failed }, "a replica's own port could not be opened to it");
   };

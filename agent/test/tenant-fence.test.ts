@@ -166,7 +166,7 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     const logger = createLogger({ service: "tenant-fence-test", level: "silent" });
     const parent = (socketCgroups as { ok: true; cgroup: { version: 2; dir: string } }).cgroup;
     const [mine, theirs] = await Promise.all([createSocketCgroup(parent, `fence-test-a-${process.pid}`), createSocketCgroup(parent, `fence-test-b-${process.pid}`)]);
-    const [myPort, theirPort] = await Promise.all([listen(), listen()]);
+    const [myPort, theirPort, movedPort] = await Promise.all([listen(), listen(), listen()]);
     let own: OwnPort[] = [{ cgroup: theirs, port: portOf(theirPort) }];
     const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own });
     try {
@@ -184,6 +184,10 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
       own = [{ cgroup: mine, port: portOf(myPort) }, { cgroup: theirs, port: portOf(theirPort) }];
       await kept.renew();
       expect(await fromTenantCode({ theirs: ["127.0.0.1", portOf(theirPort)], mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: theirs })).toEqual({ theirs: "connected", mine: "ECONNREFUSED" });
+      // A replica that comes back on another port (its own was taken while it was down) is let
+      // through to the new one alone: the old one may be another replica's by now.
+      await kept.openOwnPort({ cgroup: mine, port: portOf(movedPort) });
+      expect(await fromTenantCode({ moved: ["127.0.0.1", portOf(movedPort)], before: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine })).toEqual({ moved: "connected", before: "ECONNREFUSED" });
     } finally {
       kept.stop();
     }
@@ -193,7 +197,7 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
       expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine, forMs: 2000 })).toEqual({ mine: "connected" });
     } finally {
       renewing.stop();
-      await Promise.all([myPort, theirPort].map((s) => new Promise((r) => s.close(r))));
+      await Promise.all([myPort, theirPort, movedPort].map((s) => new Promise((r) => s.close(r))));
       await Promise.all([mine, theirs].map((dir) => removeCgroup(dir).catch(() => undefined)));
     }
   });
