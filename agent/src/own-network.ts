@@ -124,6 +124,10 @@ export async function attachOwnNetwork(child: ChildProcess, tool: OwnNetworkTool
   const pid = await sandboxPid(info);
   info.resume();
   await loopbackReady(pid, child);
+  // Set while slirp4netns starts: the command waits for both.
+  const tuning = runQuietly(tool.nsenter, [`--net=/proc/${pid}/ns/net`, "--", "/bin/sh", "-c", `echo ${SYN_RETRIES} > /proc/sys/net/ipv4/tcp_syn_retries`], { timeoutMs: READY_TIMEOUT_MS }).catch(
+    (err: Error) => err,
+  );
   const ns = await open(`/proc/${pid}/ns/net`, "r");
   let slirp: ChildProcess;
   try {
@@ -162,7 +166,8 @@ export async function attachOwnNetwork(child: ChildProcess, tool: OwnNetworkTool
     slirp.once("error", (err) => fail(`slirp4netns could not be run: ${err.message}`));
     slirp.once("exit", (code, signal) => fail(`slirp4netns ended (${signal ?? `exit code ${code}`}) before the network was up: ${stderr.trim() || "no output"}`));
   });
-  const tuned = await runQuietly(tool.nsenter, [`--net=/proc/${pid}/ns/net`, "--", "/bin/sh", "-c", `echo ${SYN_RETRIES} > /proc/sys/net/ipv4/tcp_syn_retries`], { timeoutMs: READY_TIMEOUT_MS });
+  const tuned = await tuning;
+  if (tuned instanceof Error) throw new Error(`the namespace's tcp_syn_retries could not be set: ${tuned.message}`);
   if (tuned.code !== 0) throw new Error(`the namespace's tcp_syn_retries could not be set (${endedWith(tuned)}): ${tuned.stderr.trim() || "no output"}`);
   go.on("error", () => undefined);
   go.end("1");
