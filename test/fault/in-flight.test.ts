@@ -30,7 +30,9 @@ let web: FixtureRepo;
 let serverJs: string;
 
 beforeAll(async () => {
-  fleet = await startTestFleet();
+  // A dead agent's action fails 30 s after its last report, not 3 minutes: its host must still
+  // be silent for the live window (60 s) first.
+  fleet = await startTestFleet({ env: { ORPHANED_ACTION_AFTER_S: "30" } });
   t = await acmeTenant(fleet);
   ({ api, key: acme } = t);
   const config = await readFile(path.join(FIXTURES_DIR, "node-web", "platform.yaml"), "utf8");
@@ -120,7 +122,7 @@ describe("a service killed while the agent works", () => {
     // It waits claimed by a host that no longer answers: in progress, not never claimed.
     await waitFor(async () => (await call(api, "GET", `/deployments/queue/${deployId}`, { credential: acme })).body.stuck_class, (c) => c === "in_progress", 120_000);
     const done = await waitFor(async () => (await call(api, "GET", `/deployments/${deployId}`, { credential: acme })).body, (d) => d.status !== "setup_in_progress", 300_000);
-    expect(done).toMatchObject({ status: "failed", error_message: expect.stringMatching(/^The agent on host \S+ stopped responding during the action/) });
+    expect(done).toMatchObject({ status: "failed", error_message: expect.stringMatching(/^The agent on host \S+ stopped responding during the action .*; it was failed after 30 s without progress\.$/) });
     // The agent never reported its end: the phases come from the lines it shipped before it died.
     const phases = (await call(api, "GET", `/deployments/${deployId}/logs`, { credential: acme })).body.phases.map((p: { name: string }) => p.name);
     expect(phases).toEqual(expect.arrayContaining(["setup", "start"]));

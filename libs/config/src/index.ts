@@ -292,6 +292,12 @@ export const deployQueueEnv = {
     default: "1",
     description: "live agents the fleet should have; with fewer, a service no live host reports is unknown (fleet_below_floor), not not_running",
   },
+  ORPHANED_ACTION_AFTER_S: {
+    type: "int",
+    default: "180",
+    description:
+      "how long an in-progress action waits for its silent agent (no heartbeat for 60 s) without a progress report before it fails naming the host (a deploy past its swap commit is recorded completed); an agent back in time finishes it",
+  },
 } as const satisfies EnvSpec;
 
 export const healthAggregatorEnv = {

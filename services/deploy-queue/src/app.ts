@@ -27,7 +27,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
     config,
     entities,
     migrations: [...migrations, ...deploymentMigrations, ...groupRenameMigrations],
-    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }), { fleetFloor: config.FLEET_FLOOR }),
+    routes: (ctx) => routes(ctx, createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }), { fleetFloor: config.FLEET_FLOOR, orphanedAfterMs: config.ORPHANED_ACTION_AFTER_S * 1000 }),
     async onStart(ctx) {
       const heartbeats = startHeartbeatListener(ctx);
       const intake = await startBuildRequestConsumer(ctx);
@@ -41,7 +41,7 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
         renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
         deleted: (em, e) => forgetGroup(em, e.slugs),
       });
-      const jobs = startPeriodicJobs(ctx);
+      const jobs = startPeriodicJobs(ctx, { orphanedAfterMs: config.ORPHANED_ACTION_AFTER_S * 1000 });
       return [() => jobs.stop(), () => groups.stop(), ...preflights.map((c) => () => c.stop()), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
     },
   });

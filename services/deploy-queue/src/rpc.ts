@@ -156,7 +156,7 @@ async function declaredConfig(apps: Client<typeof AppsBuildsService>, caller: Ca
   return (layers?.effective as DeclaredConfig | undefined) ?? null;
 }
 
-export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>, opts: { fleetFloor: number }) {
+export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsService>, opts: { fleetFloor: number; orphanedAfterMs: number }) {
   const view = async (action: Action | null, now: Date) =>
     action ? actionMsg((await ctx.read((em) => withStuckClass(em, [action], now)))[0]!) : undefined;
 
@@ -180,7 +180,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async diagnoseAction(req) {
         const caller = requireCaller(req.caller);
-        const d = await ctx.read((em) => diagnoseAction(em, caller, req.actionId, new Date()));
+        const d = await ctx.read((em) => diagnoseAction(em, caller, req.actionId, new Date(), opts.orphanedAfterMs));
         return { action: actionMsg(d.view, caller), narrative: d.narrative, hint: d.hint, blockingActionId: d.blockingActionId ?? undefined };
       },
 

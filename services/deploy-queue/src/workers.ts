@@ -222,7 +222,7 @@ export function startHeartbeatListener(ctx: ServiceContext): { stop(): Promise<v
   };
 }
 
-export function startPeriodicJobs(ctx: ServiceContext): { stop(): Promise<void> } {
+export function startPeriodicJobs(ctx: ServiceContext, opts: { orphanedAfterMs: number }): { stop(): Promise<void> } {
   const redispatch = every(REDISPATCH_INTERVAL_MS, async () => {
     try {
       const moved = await ctx.write((em) => redispatchFromSilentHosts(em, new Date()));
@@ -233,7 +233,7 @@ export function startPeriodicJobs(ctx: ServiceContext): { stop(): Promise<void> 
   });
   const orphans = every(REDISPATCH_INTERVAL_MS, async () => {
     try {
-      const failed = await ctx.write((em) => failOrphanedActions(em, new Date()));
+      const failed = await ctx.write((em) => failOrphanedActions(em, new Date(), opts.orphanedAfterMs));
       if (failed.length > 0) ctx.logger.warn({ actions: failed.map((a) => a.id) }, "actions of silent agents failed");
     } catch (err) {
       ctx.logger.warn({ err }, "orphan check failed");

@@ -1,6 +1,6 @@
 /**
  * Orphaned actions against a real Postgres: an action whose claiming agent went silent and that
- * has reported no progress for ORPHANED_AFTER_MS fails with an error naming the host, its queued
+ * has reported no progress for ORPHANED_ACTION_AFTER_S (3 minutes here, its default) fails with an error naming the host, its queued
  * dependents fail with it, and every deployment made terminal gets its immutable history record
  * (spec doc 1 section 2.4) and an action_updated event in the same transaction.
  *
@@ -16,13 +16,14 @@ import { createTestDatabase, dropDatabase } from "@platform/testing";
 import { Action, Agent, entities, HistoryRecord } from "../src/entities/index.ts";
 import { migrations } from "../src/migrations/0001_queue.ts";
 import { deploymentMigrations } from "../src/migrations/0002_deployments.ts";
-import { failOrphanedActions, ORPHANED_AFTER_MS } from "../src/domain/orphans.ts";
+import { failOrphanedActions, orphanWait } from "../src/domain/orphans.ts";
 import { reportProgress } from "../src/domain/claims.ts";
 
 let databaseUrl: string;
 let orm: MikroORM;
 
 const now = new Date();
+const AFTER_MS = 3 * 60_000;
 const minutesAgo = (m: number) => new Date(now.getTime() - m * 60_000);
 
 beforeAll(async () => {
@@ -80,7 +81,7 @@ describe("failOrphanedActions", () => {
     const build = await claimed("BUILD", "h-dead", 10);
     const deploy = await action({ actionType: "DEPLOY", status: "queued", dependsOn: build.id, appName: build.appName, imageTag: build.imageTag });
 
-    const failed = await write((em) => failOrphanedActions(em, now));
+    const failed = await write((em) => failOrphanedActions(em, now, AFTER_MS));
     expect(failed.map((a) => a.id)).toContain(build.id);
 
     const b = await row(build.id);
@@ -88,7 +89,7 @@ describe("failOrphanedActions", () => {
     expect(b.completedAt?.getTime()).toBe(now.getTime());
     expect(b.errorMessage).toContain("host h-dead");
     expect(b.errorMessage).toContain(minutesAgo(10).toISOString());
-    expect(b.errorMessage).toContain(`after ${ORPHANED_AFTER_MS / 60_000} minutes`);
+    expect(b.errorMessage).toContain("after 3 minutes without progress");
 
     // Its queued dependent DEPLOY cannot run without it: it fails too, naming the dependency.
     const d = await row(deploy.id);
@@ -119,7 +120,7 @@ describe("failOrphanedActions", () => {
   it("records the history of an orphaned DEPLOY itself, with its duration from the claim and the tag it replaced", async () => {
     await agent("h-gone", minutesAgo(10));
     const deploy = await claimed("DEPLOY", "h-gone", 10, { payload: { previous_tag: "main-0" } });
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
 
     expect((await row(deploy.id)).status).toBe("failed");
     const history = await orm.em.fork().findOneOrFail(HistoryRecord, { deploymentId: deploy.id });
@@ -130,7 +131,7 @@ describe("failOrphanedActions", () => {
   it("records a deploy past its swap commit completed, with a warning: past the point of no return it rolls forward", async () => {
     await agent("h-flipped", minutesAgo(10));
     const deploy = await claimed("DEPLOY", "h-flipped", 10, { phase: "drain", swapCommittedAt: minutesAgo(11), payload: { previous_tag: "main-0" } });
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
     const r = await row(deploy.id);
     expect(r).toMatchObject({ status: "completed", errorMessage: null });
     expect(r.deployWarnings).toEqual([expect.stringMatching(/^The agent on host h-flipped stopped responding .* after the swap commit; past the point of no return the deploy rolls forward/)]);
@@ -144,7 +145,7 @@ describe("failOrphanedActions", () => {
 
   it("fails an action claimed by a host that never sent a heartbeat, saying so", async () => {
     const a = await claimed("DEPLOY", "h-never", 10);
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
     const r = await row(a.id);
     expect(r.status).toBe("failed");
     expect(r.errorMessage).toContain("host h-never");
@@ -154,20 +155,20 @@ describe("failOrphanedActions", () => {
   it("leaves an action alone while its agent is live, however long since its last progress", async () => {
     await agent("h-alive", new Date(now.getTime() - 5_000));
     const a = await claimed("DEPLOY", "h-alive", 10);
-    const failed = await write((em) => failOrphanedActions(em, now));
+    const failed = await write((em) => failOrphanedActions(em, now, AFTER_MS));
     expect(failed.map((x) => x.id)).not.toContain(a.id);
     expect((await row(a.id)).status).toBe("in_progress");
   });
 
-  it("leaves an action of a silent agent alone until it has gone ORPHANED_AFTER_MS without progress", async () => {
+  it("leaves an action of a silent agent alone until it has gone the wait without progress", async () => {
     await agent("h-quiet", minutesAgo(10));
     // Progress 2 minutes ago (under the 3-minute limit), though the claim itself is older.
     const a = await claimed("DEPLOY", "h-quiet", 2);
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
     expect((await row(a.id)).status).toBe("in_progress");
     // No progress report at all: the claim time counts.
     const fresh = await action({ actionType: "DEPLOY", status: "in_progress", claimedBy: "h-quiet", claimedAt: minutesAgo(1), progressAt: null });
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
     expect((await row(fresh.id)).status).toBe("in_progress");
     expect(await orm.em.fork().count(HistoryRecord, { deploymentId: { $in: [a.id, fresh.id] } })).toBe(0);
   });
@@ -175,9 +176,15 @@ describe("failOrphanedActions", () => {
   it("does nothing to queued or terminal actions, and finds nothing on a second run", async () => {
     const queued = await action({ actionType: "DEPLOY", status: "queued", claimedBy: null, createdAt: minutesAgo(60) });
     const done = await action({ actionType: "DEPLOY", status: "completed", claimedBy: "h-dead", claimedAt: minutesAgo(30), progressAt: minutesAgo(30), completedAt: minutesAgo(29) });
-    await write((em) => failOrphanedActions(em, now));
+    await write((em) => failOrphanedActions(em, now, AFTER_MS));
     expect((await row(queued.id)).status).toBe("queued");
     expect((await row(done.id)).status).toBe("completed");
-    expect(await write((em) => failOrphanedActions(em, now))).toEqual([]);
+    expect(await write((em) => failOrphanedActions(em, now, AFTER_MS))).toEqual([]);
+  });
+});
+
+describe("orphanWait", () => {
+  it("says the wait as the messages do", () => {
+    expect([orphanWait(180_000), orphanWait(60_000), orphanWait(45_000), orphanWait(90_000)]).toEqual(["3 minutes", "1 minute", "45 s", "90 s"]);
   });
 });

@@ -13,7 +13,7 @@ import { admissionInput } from "./claims.ts";
 import { FAST_RPC_TYPES } from "./lifecycle.ts";
 import { getVisibleAction } from "./lookup.ts";
 import { withStuckClass, type ActionView } from "./queue.ts";
-import { ORPHANED_AFTER_MS } from "./orphans.ts";
+import { orphanWait } from "./orphans.ts";
 
 export interface Diagnosis {
   view: ActionView;
@@ -36,7 +36,8 @@ function ago(from: Date, now: Date): string {
   return h < 48 ? `${h} h ago` : `${Math.round(h / 24)} days ago`;
 }
 
-export async function diagnoseAction(em: EntityManager, caller: Caller, id: string, now: Date): Promise<Diagnosis> {
+/** `orphanedAfterMs`: how long an action of a silent agent waits before it fails (ORPHANED_ACTION_AFTER_S). */
+export async function diagnoseAction(em: EntityManager, caller: Caller, id: string, now: Date, orphanedAfterMs: number): Promise<Diagnosis> {
   const action = await getVisibleAction(em, caller, id);
   const [view] = await withStuckClass(em, [action], now);
   const dependency = action.dependsOn ? await em.findOne(Action, { id: action.dependsOn }) : null;
@@ -74,7 +75,7 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
         const outcome = action.swapCommittedAt ? "is recorded completed (it rolls forward)" : "fails";
         hint =
           `The agent on host ${action.claimedBy} is silent: check that host's agent. If it does not come back, the action ${outcome} ` +
-          `${ORPHANED_AFTER_MS / 60_000} minutes after its last report; a cancel would wait for the agent too.`;
+          `${orphanWait(orphanedAfterMs)} after its last report; a cancel would wait for the agent too.`;
       } else if (view!.stuckClass === "in_progress") {
         hint = `The agent on host ${action.claimedBy} has reported nothing for ${ago(last, now).replace(" ago", "")}: check its logs and heartbeat; cancel with POST /api/deployments/${action.id}/cancel.`;
       } else {
@@ -123,7 +124,7 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
           hint =
             runner && !isLive(runner.lastSeen, now)
               ? `It starts when ${dependency.actionType} ${dependency.id} completes, but host ${runner.hostId}, which runs it, has been silent since ${ago(runner.lastSeen, now)}: ` +
-                `check that host's agent; if it does not come back, the ${dependency.actionType} fails after ${ORPHANED_AFTER_MS / 60_000} minutes without progress, and this action with it.`
+                `check that host's agent; if it does not come back, the ${dependency.actionType} fails after ${orphanWait(orphanedAfterMs)} without progress, and this action with it.`
               : `It starts when ${dependency.actionType} ${dependency.id} completes; nothing to do.`;
         } else if (blocking && blocking.status === "in_progress") {
           hint = `It starts when ${blocking.actionType} ${blocking.id} finishes.`;

@@ -1,7 +1,7 @@
 /**
  * An action whose agent died is not left in_progress forever (deployments issue, recovery): once
  * its claiming agent has been silent (no heartbeat) and the action has had no progress report for
- * ORPHANED_AFTER_MS, it fails with a reason naming the host, and its dependents with it. While it
+ * `afterMs` (ORPHANED_ACTION_AFTER_S), it fails with a reason naming the host, and its dependents with it. While it
  * waits, stuck_class says `in_progress` (see stuck.ts).
  *
  * A deploy past its swap commit is the exception: past the point of no return a deploy rolls
@@ -18,10 +18,14 @@ import { LIVE_WINDOW_MS } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
 
-export const ORPHANED_AFTER_MS = 3 * 60_000;
+/** The wait `afterMs` in words, as the messages say it: "3 minutes", "45 s". */
+export function orphanWait(afterMs: number): string {
+  const s = Math.round(afterMs / 1000);
+  return s % 60 === 0 ? `${s / 60} minute${s === 60 ? "" : "s"}` : `${s} s`;
+}
 
-export async function failOrphanedActions(em: EntityManager, now: Date): Promise<Action[]> {
-  const cutoff = new Date(now.getTime() - ORPHANED_AFTER_MS);
+export async function failOrphanedActions(em: EntityManager, now: Date, afterMs: number): Promise<Action[]> {
+  const cutoff = new Date(now.getTime() - afterMs);
   const rows = await em.getConnection().execute<{ id: string; last_seen: Date | string | null }[]>(
     `select x.id, g.last_seen from actions x
        left join agents g on g.host_id = x.claimed_by
@@ -50,13 +54,13 @@ export async function failOrphanedActions(em: EntityManager, now: Date): Promise
       action.errorMessage = null;
       action.deployWarnings = [
         ...(action.deployWarnings ?? []),
-        `${silent} after the swap commit; past the point of no return the deploy rolls forward: recorded completed after ${ORPHANED_AFTER_MS / 60_000} minutes without progress, the route flip is finished by the agent when it is back.`,
+        `${silent} after the swap commit; past the point of no return the deploy rolls forward: recorded completed after ${orphanWait(afterMs)} without progress, the route flip is finished by the agent when it is back.`,
       ];
       announce(em, action, now);
       continue;
     }
     action.status = "failed";
-    action.errorMessage = `${silent}; it was failed after ${ORPHANED_AFTER_MS / 60_000} minutes without progress.`;
+    action.errorMessage = `${silent}; it was failed after ${orphanWait(afterMs)} without progress.`;
     announce(em, action, now);
     await cascadeToDependents(em, action, "failed", now);
   }

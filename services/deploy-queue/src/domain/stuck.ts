@@ -7,7 +7,7 @@
  * - `never_claimed`: queued for more than 2 minutes and no agent has even tried to claim it;
  * - `in_progress`: claimed, and the agent has reported nothing for more than 2 minutes (a working
  *   agent reports every 20 s), or for as long as its host has been silent (no heartbeat within
- *   the live window): a host known gone is not waited on; after ORPHANED_AFTER_MS the action is
+ *   the live window): a host known gone is not waited on; after ORPHANED_ACTION_AFTER_S the action is
  *   failed (orphans.ts);
  * - null otherwise (moving normally, or terminal).
  */
