@@ -168,35 +168,38 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     const [mine, theirs] = await Promise.all([createSocketCgroup(parent, `fence-test-a-${process.pid}`), createSocketCgroup(parent, `fence-test-b-${process.pid}`)]);
     const [myPort, theirPort, movedPort] = await Promise.all([listen(), listen(), listen()]);
     let own: OwnPort[] = [{ cgroup: theirs, port: portOf(theirPort) }];
-    const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own });
     try {
-      await kept.renew();
-      // A replica that starts is let through before it runs.
-      await kept.openOwnPort({ cgroup: mine, port: portOf(myPort) });
-      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)], hostService: ["127.0.0.1", portOf(hostService)] }, { cgroup: mine })).toEqual({
-        mine: "connected",
-        theirs: "ECONNREFUSED",
-        hostService: "ECONNREFUSED",
-      });
-      // Tenant code in no replica's cgroup (a build, say) reaches neither.
-      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)] })).toEqual({ mine: "ECONNREFUSED", theirs: "ECONNREFUSED" });
-      // Renewals keep what the runtime names: the other replica reaches its own port.
-      own = [{ cgroup: mine, port: portOf(myPort) }, { cgroup: theirs, port: portOf(theirPort) }];
-      await kept.renew();
-      expect(await fromTenantCode({ theirs: ["127.0.0.1", portOf(theirPort)], mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: theirs })).toEqual({ theirs: "connected", mine: "ECONNREFUSED" });
-      // A replica that comes back on another port (its own was taken while it was down) is let
-      // through to the new one alone: the old one may be another replica's by now.
-      await kept.openOwnPort({ cgroup: mine, port: portOf(movedPort) });
-      expect(await fromTenantCode({ moved: ["127.0.0.1", portOf(movedPort)], before: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine })).toEqual({ moved: "connected", before: "ECONNREFUSED" });
+      const kept = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own });
+      try {
+        await kept.renew();
+        // A replica that starts is let through before it runs.
+        await kept.openOwnPort({ cgroup: mine, port: portOf(myPort) });
+        expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)], hostService: ["127.0.0.1", portOf(hostService)] }, { cgroup: mine })).toEqual({
+          mine: "connected",
+          theirs: "ECONNREFUSED",
+          hostService: "ECONNREFUSED",
+        });
+        // Tenant code in no replica's cgroup (a build, say) reaches neither.
+        expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)], theirs: ["127.0.0.1", portOf(theirPort)] })).toEqual({ mine: "ECONNREFUSED", theirs: "ECONNREFUSED" });
+        // Renewals keep what the runtime names: the other replica reaches its own port.
+        own = [{ cgroup: mine, port: portOf(myPort) }, { cgroup: theirs, port: portOf(theirPort) }];
+        await kept.renew();
+        expect(await fromTenantCode({ theirs: ["127.0.0.1", portOf(theirPort)], mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: theirs })).toEqual({ theirs: "connected", mine: "ECONNREFUSED" });
+        // A replica that comes back on another port (its own was taken while it was down) is let
+        // through to the new one alone: the old one may be another replica's by now.
+        await kept.openOwnPort({ cgroup: mine, port: portOf(movedPort) });
+        expect(await fromTenantCode({ moved: ["127.0.0.1", portOf(movedPort)], before: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine })).toEqual({ moved: "connected", before: "ECONNREFUSED" });
+      } finally {
+        kept.stop();
+      }
+      // A renewal replaces the rules in one transaction: a replica calling itself all along is never refused.
+      const renewing = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own, renewMs: 5 });
+      try {
+        expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine, forMs: 2000 })).toEqual({ mine: "connected" });
+      } finally {
+        renewing.stop();
+      }
     } finally {
-      kept.stop();
-    }
-    // A renewal replaces the rules in one transaction: a replica calling itself all along is never refused.
-    const renewing = await keepTenantFence({ uid: TENANT.uid, routerPorts: [], deniedNets: [] }, logger, { ownPorts: () => own, renewMs: 5 });
-    try {
-      expect(await fromTenantCode({ mine: ["127.0.0.1", portOf(myPort)] }, { cgroup: mine, forMs: 2000 })).toEqual({ mine: "connected" });
-    } finally {
-      renewing.stop();
       await Promise.all([myPort, theirPort, movedPort].map((s) => new Promise((r) => s.close(r))));
       await Promise.all([mine, theirs].map((dir) => removeCgroup(dir).catch(() => undefined)));
     }
