@@ -100,11 +100,15 @@ describe("a build on a real agent", () => {
     expect(logs.body).toMatchObject({ build_id: buildId, app_name: "node-web", tag, status: "completed" });
     expect(logs.body.log).toContain("build: wrote dist/build-info.txt");
     expect(logs.body.lines).toBeGreaterThan(2);
+    // The lines reach the log store in batches, a moment after the build: each is looked for until it is there.
     await expect
       .poll(async () => (await call(api, "GET", `/logs?build_id=${buildId}&source=build&limit=1000`, { credential: acme })).body.logs?.length ?? 0, { timeout: 15_000 })
       .toBeGreaterThan(2);
-    const search = await call(api, "GET", `/logs?app_name=node-web&source=build&search=wrote`, { credential: acme });
-    expect(search.body.logs.some((l: { message: string }) => l.message.includes("wrote"))).toBe(true);
+    await expect
+      .poll(async () => (await call(api, "GET", `/logs?app_name=node-web&source=build&search=wrote`, { credential: acme })).body.logs.some((l: { message: string }) => l.message.includes("wrote")), {
+        timeout: 15_000,
+      })
+      .toBe(true);
   });
 
   it("reads an app's log lines under any branch the app has: branch scopes the access check only", async () => {
