@@ -92,22 +92,14 @@ function writeSeccompFilter(): Promise<string | null> {
  * How build commands get a network namespace of their own here, or why they cannot: tried once,
  * with `true` in a sandbox such as theirs.
  */
-async function probeOwnNetwork(bwrap: string, user: SandboxUser, seccomp: string | null, scope: string[]): Promise<{ tool: OwnNetworkTool } | { problem: string }> {
+async function probeOwnNetwork(host: SandboxHost & { user: SandboxUser }): Promise<{ tool: OwnNetworkTool } | { problem: string }> {
   const slirp = await findHostTool("slirp4netns");
   if (!slirp) return { problem: "slirp4netns is not installed" };
   const nsenter = await findHostTool("nsenter");
   if (!nsenter) return { problem: "nsenter (util-linux) is not on PATH" };
   const resolv = await ownResolvConf();
-  const tool: OwnNetworkTool = { slirp, nsenter, setpriv: user.setpriv, runAs: user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };
-  const argv = launch(bwrap, seccomp, [
-    ...sandboxArgs({ writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, user, seccomp !== null),
-    ...ownNetworkArgs(tool),
-    "--",
-    ...asUser(user),
-    ...scope,
-    ...(scope.length > 0 ? [bindArgument(undefined)] : []),
-    "/bin/sh", "-c", "grep -q tap0: /proc/net/dev",
-  ]);
+  const tool: OwnNetworkTool = { slirp, nsenter, setpriv: host.user.setpriv, runAs: host.user.runAs, resolvConf: resolv === null ? null : await sandboxFile("resolv.conf", resolv, 0o644) };
+  const argv = sandboxedArgv(host, { writable: [], chdir: "/", dieWithParent: true }, { dirs: [], files: [], readable: [] }, tool, ["/bin/sh", "-c", "grep -q tap0: /proc/net/dev"]);
   const child = spawn(argv[0]!, argv.slice(1), { stdio: ownNetworkStdio(["ignore", "ignore", "pipe"]) });
   let stderr = "";
   child.stderr!.on("data", (c: Buffer) => (stderr += c.toString("utf8")));
@@ -306,6 +298,14 @@ interface SandboxHost {
   scope: string[];
 }
 
+/** `argv` in the host's sandbox: bubblewrap (with a network of its own when `tool`), then the tenant user and the Landlock scope. */
+function sandboxedArgv(host: SandboxHost, cmd: SandboxedCommand, hidden: Hidden, tool: OwnNetworkTool | null, argv: string[]): string[] {
+  const args = [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), ...(tool ? ownNetworkArgs(tool) : [])];
+  // In a network of its own, a command binds what it likes: no port of the host's is there.
+  const scope = host.scope.length > 0 ? [...host.scope, bindArgument(tool ? undefined : cmd.bindPorts)] : [];
+  return launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...scope, ...argv]);
+}
+
 /** How to spawn a command wrapped with a network of its own: its stdio, and what to do once it is spawned. */
 export interface OwnNetwork {
   stdio(base: Array<"ignore" | "pipe" | number>): Array<"ignore" | "pipe" | number>;
@@ -358,7 +358,7 @@ export class Sandbox {
   /** How build commands get a network of their own here; null: they share the host's (and why is logged once). */
   #ownNetwork(host: SandboxHost): Promise<OwnNetworkTool | null> {
     this.#network ??= (async () => {
-      const probed = host.user ? await probeOwnNetwork(host.bwrap, host.user, host.seccomp, host.scope) : { problem: "commands do not run as the tenant user" };
+      const probed = host.user ? await probeOwnNetwork({ ...host, user: host.user }) : { problem: "commands do not run as the tenant user" };
       if ("tool" in probed) {
         this.#logger?.info({ slirp4netns: probed.tool.slirp }, `${this.#what} run with a network namespace of their own`);
         return probed.tool;
@@ -375,11 +375,8 @@ export class Sandbox {
     if (!host) return { argv, sandboxed: false, network: null };
     const hidden = await this.#hidden(cmd.writable, host.user !== null);
     const tool = cmd.ownNetwork ? await this.#ownNetwork(host) : null;
-    const args = [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), ...(tool ? ownNetworkArgs(tool) : [])];
     const network = tool ? { stdio: ownNetworkStdio, attach: (child: ChildProcess) => attachOwnNetwork(child, tool) } : null;
-    // In a network of its own, a command binds what it likes: no port of the host's is there.
-    const scope = host.scope.length > 0 ? [...host.scope, bindArgument(tool ? undefined : cmd.bindPorts)] : [];
-    return { argv: launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...scope, ...argv]), sandboxed: true, network };
+    return { argv: sandboxedArgv(host, cmd, hidden, tool, argv), sandboxed: true, network };
   }
 
   /**
