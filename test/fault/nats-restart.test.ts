@@ -85,7 +85,8 @@ describe("NATS stopped and started again", () => {
   it("a deployed app keeps answering while NATS is down, and builds asked for meanwhile run once it is back", async () => {
     const first = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
     expect((await deployedTag(t, first.body.tag)).status).toBe("completed");
-    url = (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.urls[0];
+    // The app's URLs follow the deploy's end through an event, a moment after it.
+    url = (await waitFor(async () => (await call(api, "GET", `/apps/${APP}`, { credential: acme })).body.urls as string[], (urls) => urls.length > 0))[0]!;
     expect(await viaRouter(url)).toMatchObject({ status: 200, body: "hello from node-web (/)\n" });
 
     await nats.stop();
