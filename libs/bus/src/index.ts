@@ -641,6 +641,8 @@ export interface GroupRenamed {
 export interface GroupDeleted {
   group_id: string;
   slugs: string[];
+  /** When the group was deleted; absent from events written before it was added. */
+  deleted_at?: Date;
 }
 
 export function parseGroupRenamed(data: Record<string, unknown>): GroupRenamed {
@@ -652,11 +654,14 @@ export function parseGroupRenamed(data: Record<string, unknown>): GroupRenamed {
 }
 
 export function parseGroupDeleted(data: Record<string, unknown>): GroupDeleted {
-  const { group_id, slugs } = data;
+  const { group_id, slugs, deleted_at } = data;
   if (typeof group_id !== "string" || !Array.isArray(slugs) || slugs.length === 0 || !slugs.every((s) => typeof s === "string" && s)) {
     throw new Error("group_deleted event without group_id and slugs");
   }
-  return { group_id, slugs };
+  if (deleted_at === undefined) return { group_id, slugs };
+  const at = typeof deleted_at === "string" ? new Date(deleted_at) : new Date(NaN);
+  if (Number.isNaN(at.getTime())) throw new Error("group_deleted event with a deleted_at that is not a timestamp");
+  return { group_id, slugs, deleted_at: at };
 }
 
 export interface GroupEventConsumerOptions {

@@ -11,6 +11,7 @@ import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
 import { logGroupsMigrations } from "./migrations/0003_log_groups.ts";
 import { logBranchesDroppedMigrations } from "./migrations/0004_log_branches_dropped.ts";
 import { searchWordsMigrations } from "./migrations/0005_search_words.ts";
+import { logTombstonesMigrations } from "./migrations/0006_log_tombstones.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
 import { forgetBuilds, parseBuildsDeleted } from "./domain/builds-deleted.ts";
@@ -37,7 +38,7 @@ export async function build(
     name: "health-aggregator",
     config,
     entities,
-    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations, ...logBranchesDroppedMigrations, ...searchWordsMigrations],
+    migrations: [...migrations, ...logBuildsMigrations, ...logGroupsMigrations, ...logBranchesDroppedMigrations, ...searchWordsMigrations, ...logTombstonesMigrations],
     // Called after onStart, which has opened the store.
     routes: (ctx) => routes(ctx, store!),
     async onStart(ctx) {
@@ -54,7 +55,7 @@ export async function build(
         logger: ctx.logger,
         service: "health-aggregator",
         renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
-        deleted: (em, e) => forgetGroup(em, e.slugs),
+        deleted: (em, e) => forgetGroup(em, e.slugs, e.deleted_at ?? new Date()),
       });
       const builds = await consumeEvent({
         bus: ctx.bus,

@@ -48,6 +48,8 @@ export interface LogIngestionStats {
   stored: number;
   /** Lines skipped because their id was already stored (redelivery, a publish repeated). */
   duplicates: number;
+  /** Lines of a build, branch or group deleted before they arrived, dropped (domain/forgetting.ts). */
+  forgotten: number;
   /** Lines refused by validation or by the database, dropped. */
   rejectedLines: number;
   /** Messages terminated because they hold no batch of lines. */
@@ -76,7 +78,7 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
   const maxMessages = opts.maxBatchMessages ?? 256;
   const maxBytes = opts.maxBatchBytes ?? 1024 * 1024;
   const maxDelayMs = opts.maxDelayMs ?? 100;
-  const stats: LogIngestionStats = { batches: 0, messages: 0, stored: 0, duplicates: 0, rejectedLines: 0, terminated: 0, failures: 0 };
+  const stats: LogIngestionStats = { batches: 0, messages: 0, stored: 0, duplicates: 0, forgotten: 0, rejectedLines: 0, terminated: 0, failures: 0 };
   const held = new HeldMessages(opts.ackWaitMs);
 
   await ensureDurable(bus.jsm, stream, {
@@ -115,9 +117,10 @@ export async function startLogIngestion(ctx: ServiceContext, store: LogStore, op
   };
 
   const storeLines = async (lines: StoredLine[]): Promise<void> => {
-    const stored = await store.insert(lines);
+    const { stored, forgotten } = await store.insert(lines);
     stats.stored += stored;
-    stats.duplicates += lines.length - stored;
+    stats.forgotten += forgotten;
+    stats.duplicates += lines.length - stored - forgotten;
   };
 
   /** After a data error: message by message, and line by line within a refused message. */

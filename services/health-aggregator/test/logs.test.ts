@@ -435,7 +435,7 @@ describe("queries", () => {
       message: `flood line ${i}`,
       metadata: {},
     }));
-    expect(await service.store.insert(flood)).toBe(10_050);
+    expect(await service.store.insert(flood)).toEqual({ stored: 10_050, forgotten: 0 });
     expect(await query(operator, { appName: "flood" })).toMatchObject({ total: 10_001, hasMore: true });
     const tail = await query(operator, { appName: "flood", offset: 10_000, limit: 100 });
     expect(tail).toMatchObject({ total: 10_050, hasMore: false });
@@ -642,12 +642,49 @@ describe("a renamed or deleted group", () => {
     expect((await query(tenant("tyrell"), { appName: "nexus" })).total).toBe(2);
   });
 
+  it("stores a line still carrying the old slug, shipped after the rename, under the new one", async () => {
+    await shipAndWait(lines("umbrella", "hive-late"), "app_name = 'hive-late'", []);
+    expect(await count("app_name = 'hive-late' and group_slug = 'umbrella-corp'")).toBe(2);
+    expect((await query(tenant("umbrella-corp"), { appName: "hive-late" })).total).toBe(2);
+  });
+
   it("drops every line under any slug a deleted group had (group_deleted)", async () => {
     await shipAndWait(lines("umbrella", "hive-old"), "app_name = 'hive-old'", []);
-    await announce(subjects.events.groupDeleted, { group_id: randomUUID(), slugs: ["umbrella-corp", "umbrella"] });
+    const deletedAt = new Date();
+    await announce(subjects.events.groupDeleted, { group_id: randomUUID(), slugs: ["umbrella-corp", "umbrella"], deleted_at: deletedAt.toISOString() });
     await until(async () => (await count("group_slug in ('umbrella', 'umbrella-corp')")) === 0, "the deleted group's lines gone");
     expect(await rowsOf("umbrella-corp")).toEqual({ log_lines: 0, log_builds: 0, log_groups: 0 });
     expect(await rowsOf("tyrell")).toEqual({ log_lines: 2, log_builds: 1, log_groups: 1 });
+
+    // Lines of the deleted group still on their way stay gone; a new group that takes one of its
+    // slugs afterwards has its own lines.
+    const before = service.ingestion.stats().forgotten;
+    const late = (group: string, ts: string): LogLineInput => ({ ts, source: "container", app_name: "hive-zombie", group_slug: group, branch: "main", service_name: "web", message: `late under ${group}` });
+    const later = new Date(deletedAt.getTime() + 1000).toISOString();
+    await shipAndWait(
+      [late("umbrella", ago(MIN)), late("umbrella-corp", ago(MIN)), late("umbrella", later)],
+      "app_name = 'hive-zombie'",
+      [],
+      1,
+    );
+    await expect.poll(() => service.ingestion.stats().forgotten - before, { timeout: 15_000 }).toBe(2);
+    expect((await db.query("select group_slug, ts from log_lines where app_name = 'hive-zombie'")).rows).toEqual([{ group_slug: "umbrella", ts: new Date(later) }]);
+  });
+});
+
+describe("a group renamed twice, then back", () => {
+  it("stores a late line under whichever slug the group has now", async () => {
+    const rename = async (from: string, to: string) => {
+      const id = randomUUID();
+      await bus.js.publish(bus.subject(subjects.events.groupRenamed), JSON.stringify({ id, data: { group_id: "g-cyan", slug: to, previous_slug: from } }), { msgID: id });
+      await until(async () => (await db.query("select 1 from log_group_renames where previous_slug = $1 and slug = $2", [from, to])).rowCount === 1, `${from} renamed ${to}`);
+    };
+    const late = (slug: string, app: string): LogLineInput => ({ ts: ago(MIN), source: "agent", app_name: app, group_slug: slug, message: `${app} under ${slug}` });
+    await rename("cyan", "teal");
+    await rename("teal", "turquoise");
+    await shipAndWait([late("cyan", "chain-a"), late("teal", "chain-b")], "app_name like 'chain-%' and group_slug = 'turquoise'", [], 2);
+    await rename("turquoise", "cyan");
+    await shipAndWait([late("cyan", "chain-c"), late("teal", "chain-d"), late("turquoise", "chain-e")], "app_name like 'chain-%' and group_slug = 'cyan'", [], 5);
   });
 });
 
@@ -674,10 +711,46 @@ describe("deleted builds", () => {
     expect(await builds([purged])).toBe(0);
     expect(await count("app_name = 'gone'")).toBe(4);
 
-    await announce({ group_slug: "acme", app_name: "gone", branch: "feature", build_ids: [kept], branch_deleted: true });
+    const deletedAt = new Date();
+    await announce({ group_slug: "acme", app_name: "gone", branch: "feature", build_ids: [kept], branch_deleted: true, deleted_at: deletedAt.toISOString() });
     await until(async () => (await count("app_name = 'gone' and branch = 'feature'")) === 0, "the deleted branch's lines gone");
     expect(await builds([kept, other])).toBe(1);
     expect(await count("app_name = 'gone' and branch = 'main'")).toBe(2);
+
+    // Lines shipped late (the build's last lines, a redelivery) do not bring them back; the
+    // branch registered again has its own lines, and so does the other branch.
+    const before = service.ingestion.stats().forgotten;
+    const again = { ...line("feature", "container"), ts: new Date(deletedAt.getTime() + 1000).toISOString(), message: "the branch again" };
+    await shipAndWait(
+      [line("main", "build", purged), line("feature", "build", kept), line("feature", "container"), again, line("main", "container")],
+      "app_name = 'gone'",
+      [],
+      4,
+    );
+    await expect.poll(() => service.ingestion.stats().forgotten - before, { timeout: 15_000 }).toBe(3);
+    expect(await count("build_id in ($1, $2)", [purged, kept])).toBe(0);
+    expect(await builds([purged, kept])).toBe(0);
+    expect(await count("app_name = 'gone' and branch = 'feature'")).toBe(1);
+  });
+
+  it("deletes the lines of a batch that was committing while the build was deleted", async () => {
+    const build = randomUUID();
+    // A batch that has taken its share of the lock and written its line, as ingestion does, but
+    // not committed: it did not see the deletion, and the deletion cannot see its line yet.
+    const batch = new pg.Client({ connectionString: databaseUrl, options: "-c search_path=health_aggregator" });
+    await batch.connect();
+    try {
+      await batch.query("begin");
+      await batch.query("select pg_advisory_xact_lock_shared(hashtext(current_schema() || '.log-forgetting'))");
+      await batch.query("insert into log_lines (line_id, ts, source, level, app_name, group_slug, branch, build_id, message) values ($1, now(), 'build', 'info', 'racy', 'acme', 'main', $2, 'in flight')", [randomUUID(), build]);
+      await announce({ group_slug: "acme", app_name: "racy", branch: "main", build_ids: [build], branch_deleted: false });
+      const waiting = async () => (await db.query<{ n: number }>("select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted")).rows[0]!.n;
+      await until(async () => (await waiting()) > 0, "the deletion waiting for the batch");
+      await batch.query("commit");
+    } finally {
+      await batch.end();
+    }
+    await until(async () => (await count("build_id = $1", [build])) === 0, "the batch's line deleted");
   });
 });
 
@@ -721,5 +794,19 @@ describe("retention", () => {
     const builds = await db.query<{ build_id: string }>("select build_id from log_builds where app_name = 'ancient'");
     expect(builds.rows.map((r) => r.build_id)).toEqual([recentBuild]);
     expect((await query(operator, { appName: "ancient", since: "52w" })).total).toBe(2);
+  });
+
+  it("forgets what was forgotten once the retention has passed, renames aside", async () => {
+    const [oldBuild, newBuild] = [randomUUID(), randomUUID()];
+    await db.query("insert into log_forgotten_builds (build_id, forgotten_at) values ($1, now() - interval '31 days'), ($2, now() - interval '29 days')", [oldBuild, newBuild]);
+    await db.query("insert into log_forgotten_branches values ('acme', 'ancient', 'old', now() - interval '31 days'), ('acme', 'ancient', 'new', now())");
+    await db.query("insert into log_forgotten_groups values ('wayne-old', now() - interval '31 days'), ('wayne-new', now())");
+    await db.query("insert into log_group_renames values ('cyberdyne', 'skynet')");
+    await service.store.prune(logRetentionCutoff(new Date(), 30));
+    const left = async (sql: string) => (await db.query(sql)).rows.map((r) => Object.values(r)[0]);
+    expect(await left(`select build_id from log_forgotten_builds where build_id in ('${oldBuild}', '${newBuild}')`)).toEqual([newBuild]);
+    expect(await left("select branch from log_forgotten_branches where app_name = 'ancient'")).toEqual(["new"]);
+    expect(await left("select slug from log_forgotten_groups where slug like 'wayne-%'")).toEqual(["wayne-new"]);
+    expect(await left("select slug from log_group_renames where previous_slug = 'cyberdyne'")).toEqual(["skynet"]);
   });
 });

@@ -177,7 +177,7 @@ describe("deleting a group", () => {
     expect(await identity.ctx.read((em) => em.find(Membership, { groupId: id }))).toEqual([]);
     const audit = await identity.ctx.read((em) => em.findOneOrFail(AuditEntry, { action: "group.delete" }));
     expect(audit).toMatchObject({ target: "hooli-xyz", details: { group_id: id, former_slugs: ["hooli"] } });
-    await expect.poll(() => eventsOf(subjects.events.groupDeleted)).toContainEqual({ group_id: id, slugs: ["hooli-xyz", "hooli"] });
+    await expect.poll(() => eventsOf(subjects.events.groupDeleted)).toContainEqual({ group_id: id, slugs: ["hooli-xyz", "hooli"], deleted_at: expect.any(String) });
     // Its slugs are free again: nothing of the group is left to reach a new one.
     expect(await client.createGroup({ caller: root, slug: "hooli" })).toMatchObject({ slug: "hooli" });
   });

@@ -18,5 +18,6 @@ export async function announceBuildsDeleted(em: EntityManager, app: Pick<App, "i
     branch: app.branch,
     build_ids: builds.map((b) => b.id),
     branch_deleted: branchDeleted,
+    deleted_at: new Date().toISOString(),
   });
 }

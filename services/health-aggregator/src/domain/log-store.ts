@@ -10,6 +10,7 @@ import type { Logger } from "@platform/logger";
 import type { Caller } from "@platform/caller";
 import type { StoredLine } from "./ingest.ts";
 import { LOG_PRUNE_BATCH, PRUNE_BUILDS, PRUNE_LINES } from "./retention.ts";
+import { FORGETTING_SHARED_LOCK, PRUNE_TOMBSTONES, UNFORGOTTEN_LINES } from "./forgetting.ts";
 import { groupScope, logGroupSql, logSql, normaliseLogQuery, pageTotals, type ContainerReason, type LogQueryInput } from "./log-query.ts";
 
 /** Longest a read may take; the gateway's deadline is 5 s. */
@@ -106,10 +107,11 @@ const STARTED_PHASES = ["start", "health_check", "ready", "swap_committed", "dra
  * does not rewrite its rows on every batch.
  */
 const INSERT = `
-with input as (
+with raw as (
   select * from jsonb_to_recordset($1::jsonb) as x(
     line_id uuid, ts timestamptz, source text, level text, app_name text, branch text, group_slug text, service_name text,
     deployment_id text, build_id text, action_id text, instance_id text, message text, metadata jsonb)
+), input as (${UNFORGOTTEN_LINES}
 ), stored as (
   insert into log_lines (line_id, ts, source, level, app_name, branch, group_slug, service_name, deployment_id, build_id, action_id, instance_id, message, metadata)
   select line_id, ts, source, level, app_name, branch, group_slug, service_name, deployment_id, build_id, action_id, instance_id, message, coalesce(metadata, '{}')
@@ -141,7 +143,7 @@ with input as (
   where log_groups.group_slug is distinct from excluded.group_slug or excluded.first_seen < log_groups.first_seen
     or log_groups.last_seen < excluded.last_seen - interval '1 minute'
 )
-select count(*)::int as inserted from stored`;
+select (select count(*)::int from stored) as inserted, (select count(*)::int from raw) - (select count(*)::int from input) as forgotten`;
 
 export class LogStore {
   readonly #reads: pg.Pool;
@@ -176,14 +178,30 @@ export class LogStore {
       if ((r.rowCount ?? 0) < batch) break;
     }
     await this.#writes.query(PRUNE_BUILDS, [cutoff]);
+    for (const sql of PRUNE_TOMBSTONES) await this.#writes.query(sql, [cutoff]);
     return deleted;
   }
 
-  /** Stores a batch with one statement; a line id already stored is skipped. Returns the lines stored. */
-  async insert(lines: readonly StoredLine[]): Promise<number> {
-    if (lines.length === 0) return 0;
-    const result = await this.#writes.query<{ inserted: number }>(INSERT, [JSON.stringify(lines)]);
-    return result.rows[0]?.inserted ?? 0;
+  /**
+   * Stores a batch with one statement: a line id already stored is skipped, a line forgotten
+   * (forgetting.ts) is dropped. Returns how many of each.
+   */
+  async insert(lines: readonly StoredLine[]): Promise<{ stored: number; forgotten: number }> {
+    if (lines.length === 0) return { stored: 0, forgotten: 0 };
+    const client = await this.#writes.connect();
+    let broken: Error | undefined;
+    try {
+      await client.query("begin");
+      await client.query(FORGETTING_SHARED_LOCK);
+      const result = await client.query<{ inserted: number; forgotten: number }>(INSERT, [JSON.stringify(lines)]);
+      await client.query("commit");
+      return { stored: result.rows[0]?.inserted ?? 0, forgotten: result.rows[0]?.forgotten ?? 0 };
+    } catch (err) {
+      await client.query("rollback").catch((rollbackErr: Error) => (broken = rollbackErr));
+      throw err;
+    } finally {
+      client.release(broken);
+    }
   }
 
   /**

@@ -192,7 +192,7 @@ export async function deleteGroup(transact: Transact, caller: Caller, slug: stri
       const group = await em.findOneOrFail(Group, { id: lease.groupId });
       em.remove(group);
       audit(em, { actor: actorOf(caller), action: "group.delete", target: slug, groupSlug: slug, details: { group_id: group.id, former_slugs: lease.formerSlugs } });
-      enqueueEvent(em, subjects.events.groupDeleted, { group_id: group.id, slugs });
+      enqueueEvent(em, subjects.events.groupDeleted, { group_id: group.id, slugs, deleted_at: new Date().toISOString() });
     });
   } finally {
     await transact((em) => releaseLease(em, lease.id));
