@@ -148,6 +148,9 @@ export async function attachOwnNetwork(child: ChildProcess, tool: OwnNetworkTool
   const exitFd = slirp.stdio[4] as Writable;
   exitFd.on("error", () => undefined);
   child.once("exit", () => exitFd.destroy());
+  // Ended already (killed by a cancel or the build's time limit while this was awaited): its exit
+  // event has gone by, and slirp4netns would outlive it.
+  if (child.exitCode !== null || child.signalCode !== null) exitFd.destroy();
   let stderr = "";
   slirp.stderr!.on("data", (c: Buffer) => {
     if (stderr.length < 4096) stderr += c.toString("utf8");

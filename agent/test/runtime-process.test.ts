@@ -210,6 +210,16 @@ describe.each(["auto", "off"] as const)("ProcessDriver with sandbox %s", (mode) 
     expect(exited).toHaveLength(1);
   });
 
+  it("sees the exit of a command that ends at once, while its start is still being recorded", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    const specs = Array.from({ length: 8 }, () => makeSpec("echo 'no such module' >&2; exit 3"));
+    for (const spec of specs) await driver.start(spec);
+    await until(() => exited.length === specs.length, `the exit of ${specs.length} replicas`, 5_000);
+    expect(exited.map((e) => e.exit?.code)).toEqual(specs.map(() => 3));
+    expect(driver.list().filter((r) => r.running)).toEqual([]);
+  });
+
   it("keeps a crash's last stderr line last, after a burst of stdout written before it", async () => {
     const driver = newDriver({ sandbox: mode });
     const exited = exits(driver);

@@ -109,7 +109,6 @@ interface Replica {
   exit: ExitInfo | null;
   /** Our own child (null when adopted): its exit event gives the exit code. */
   child: ChildProcess | null;
-  onChildExit: ((code: number | null, signal: NodeJS.Signals | null) => void) | null;
   leaderExit: Promise<{ code: number | null; signal: string | null }> | null;
   leaderDone: boolean;
   /** stop() or remove() asked for this exit: it is recorded, not reported. */
@@ -312,8 +311,14 @@ export class ProcessDriver implements RuntimeDriver {
       throw e;
     });
     let child: ChildProcess;
+    let leaderExit: Promise<{ code: number | null; signal: string | null }>;
     try {
       child = spawn(argv[0]!, argv.slice(1), { cwd: releaseDir, env, stdio: ["ignore", out.fd, err.fd], detached: true });
+      // Listened for at once: a command that fails at once exits while its record is still being
+      // written below, and an exit no one listened for is never seen (the replica would stay
+      // "running", its crash unreported).
+      const spawned = child;
+      leaderExit = new Promise((resolve) => spawned.once("exit", (code, signal) => resolve({ code, signal })));
       await new Promise<void>((resolve, reject) => {
         child.once("spawn", resolve);
         child.once("error", reject);
@@ -341,13 +346,10 @@ export class ProcessDriver implements RuntimeDriver {
     };
     const replica = this.#newReplica(record, dir, cursors);
     replica.child = child;
-    replica.leaderExit = new Promise((resolve) => {
-      replica.onChildExit = (code, signal) => {
-        replica.leaderDone = true;
-        resolve({ code, signal });
-        void this.#checkExit(replica);
-      };
-      child.once("exit", replica.onChildExit);
+    replica.leaderExit = leaderExit;
+    void leaderExit.then(() => {
+      replica.leaderDone = true;
+      void this.#checkExit(replica);
     });
     this.#replicas.set(spec.id, replica);
     await writeJsonAtomic(path.join(dir, "replica.json"), record);
@@ -453,10 +455,7 @@ export class ProcessDriver implements RuntimeDriver {
     if (this.#outputTimer) clearInterval(this.#outputTimer);
     if (this.#exitTimer) clearInterval(this.#exitTimer);
     this.#outputTimer = this.#exitTimer = null;
-    for (const replica of this.#replicas.values()) {
-      this.#unfollow(replica);
-      if (replica.child && replica.onChildExit) replica.child.removeListener("exit", replica.onChildExit);
-    }
+    for (const replica of this.#replicas.values()) this.#unfollow(replica);
     await Promise.all([...this.#replicas.values()].map((r) => r.reads));
   }
 
@@ -478,7 +477,6 @@ export class ProcessDriver implements RuntimeDriver {
       running: true,
       exit: null,
       child: null,
-      onChildExit: null,
       leaderExit: null,
       leaderDone: false,
       stopRequested: false,
