@@ -20,6 +20,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { QueryLogsRequestSchema } from "@platform/proto";
 import { build, type HealthAggregator } from "../src/app.ts";
 import { LogStore } from "../src/domain/log-store.ts";
+import type { StoredLine } from "../src/domain/ingest.ts";
 import { LOG_CONSUMER } from "../src/log-ingestion.ts";
 import { logRetentionCutoff } from "../src/domain/retention.ts";
 import { routes } from "../src/rpc.ts";
@@ -770,6 +771,34 @@ describe("an unreachable store", () => {
       }
     } finally {
       await dead.close();
+    }
+  });
+});
+
+describe("a store whose connection is killed in the middle of a batch", () => {
+  it("fails that batch, not the process, and stores the next one", async () => {
+    const store = new LogStore({ url: databaseUrl, schema: "health_aggregator", logger });
+    const holder = new pg.Client({ connectionString: databaseUrl, options: "-c search_path=health_aggregator" });
+    await holder.connect();
+    try {
+      const line = (message: string): StoredLine => ({
+        line_id: randomUUID(), ts: new Date().toISOString(), source: "agent", level: "info", app_name: "severed", branch: null, group_slug: "acme",
+        service_name: null, deployment_id: null, build_id: null, action_id: null, instance_id: null, message, metadata: {},
+      });
+      // The batch waits for the lock a forgetting holds, its transaction open, when Postgres ends it.
+      await holder.query("begin");
+      await holder.query("select pg_advisory_xact_lock(hashtext(current_schema() || '.log-forgetting'))");
+      const cut = store.insert([line("cut off")]);
+      const waiting = "select pid from pg_stat_activity where wait_event_type = 'Lock' and query like '%pg_advisory_xact_lock_shared%'";
+      await until(async () => (await db.query(waiting)).rowCount! > 0, "the batch waiting for the lock");
+      await db.query(`select pg_terminate_backend(pid) from (${waiting}) w`);
+      await expect(cut).rejects.toThrow(/terminat/i);
+      await holder.query("commit");
+      expect(await store.insert([line("after the cut")])).toEqual({ stored: 1, forgotten: 0 });
+      expect((await db.query("select message from log_lines where app_name = 'severed'")).rows).toEqual([{ message: "after the cut" }]);
+    } finally {
+      await holder.end();
+      await store.close();
     }
   });
 });

@@ -190,6 +190,10 @@ export class LogStore {
     if (lines.length === 0) return { stored: 0, forgotten: 0 };
     const client = await this.#writes.connect();
     let broken: Error | undefined;
+    // A checked-out client has no listener of the pool's: a connection lost between two of the
+    // statements below (Postgres restarted) would be an uncaught error and end the process.
+    const lost = (err: Error) => (broken = err);
+    client.on("error", lost);
     try {
       await client.query("begin");
       await client.query(FORGETTING_SHARED_LOCK);
@@ -200,6 +204,7 @@ export class LogStore {
       await client.query("rollback").catch((rollbackErr: Error) => (broken = rollbackErr));
       throw err;
     } finally {
+      client.removeListener("error", lost);
       client.release(broken);
     }
   }
