@@ -717,6 +717,8 @@ describe("deleted builds", () => {
     await until(async () => (await count("app_name = 'gone' and branch = 'feature'")) === 0, "the deleted branch's lines gone");
     expect(await builds([kept, other])).toBe(1);
     expect(await count("app_name = 'gone' and branch = 'main'")).toBe(2);
+    const logGroups = async () => (await db.query("select branch from log_groups where app_name = 'gone' order by branch")).rows.map((r) => r.branch);
+    expect(await logGroups()).toEqual(["main"]);
 
     // Lines shipped late (the build's last lines, a redelivery) do not bring them back; the
     // branch registered again has its own lines, and so does the other branch.
@@ -732,6 +734,7 @@ describe("deleted builds", () => {
     expect(await count("build_id in ($1, $2)", [purged, kept])).toBe(0);
     expect(await builds([purged, kept])).toBe(0);
     expect(await count("app_name = 'gone' and branch = 'feature'")).toBe(1);
+    expect(await logGroups()).toEqual(["feature", "main"]);
   });
 
   it("deletes the lines of a batch that was committing while the build was deleted", async () => {

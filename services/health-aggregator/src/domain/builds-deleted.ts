@@ -2,8 +2,8 @@
  * Builds apps-builds deleted (`builds_deleted`: a branch deleted, or its builds purged): their
  * lines go from the log store, with what ingestion keeps of them (log_builds), so that `source=build`
  * never counts a deleted build among an app's most recent. A deleted branch takes every line of
- * the branch with it: a branch registered again under the same name starts with none. Lines
- * still on their way follow (forgetting.ts). Idempotent.
+ * the branch with it, and its log groups: a branch registered again under the same name starts
+ * with none. Lines still on their way follow (forgetting.ts). Idempotent.
  */
 import type { EntityManager } from "@platform/db";
 import { holdForgetting } from "./forgetting.ts";
@@ -55,5 +55,7 @@ export async function forgetBuilds(em: EntityManager, e: BuildsDeleted): Promise
       [e.groupSlug, e.appName, e.branch, e.deletedAt],
     );
     await run("delete from log_lines where group_slug = ? and app_name = ? and branch = ?", [e.groupSlug, e.appName, e.branch]);
+    // The branch registered again has printed nothing yet: no_log_group, not no_output_yet.
+    await run("delete from log_groups where group_slug = ? and app_name = ? and branch = ?", [e.groupSlug, e.appName, e.branch]);
   }
 }
