@@ -16,7 +16,7 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 import type { Logger } from "@platform/logger";
-import { claimEvents, sqlPool, type MikroORM, type EntityManager } from "@platform/db";
+import { claimEvents, sqlPool, withClient, type MikroORM, type EntityManager } from "@platform/db";
 import { extractTraceContext, injectTraceContext, withSpan, SpanKind } from "@platform/telemetry";
 import { events, streams, type StreamDeclaration } from "./subjects.ts";
 
@@ -164,34 +164,33 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
   const pool = sqlPool(opts.orm);
 
   const publishBatch = async (): Promise<number> => {
-    const client = await (await pool).connect();
-    try {
-      // Claimed and deleted in one round trip with the begin; the delete stands only if the commit
-      // comes, after every publish was acknowledged. A batch that fails is rolled back whole.
-      const [, claimed] = (await client.query(`begin; ${CLAIM_BATCH}`)) as unknown as Array<{ rows: OutboxBatchRow[] }>;
-      const rows = claimed!.rows.sort((a, b) => Number(a.seq) - Number(b.seq));
-      await Promise.all(
-        rows.map(async (row) => {
-          const body = JSON.stringify({ id: row.id, data: row.payload });
-          const bytes = Buffer.byteLength(body);
-          if (bytes > maxEventBytes(opts.bus)) {
-            // It could never be published: retried, it would hold back every event after it.
-            opts.logger.error({ event_id: row.id, subject: row.subject, bytes, max_bytes: maxEventBytes(opts.bus) }, "outbox event too large for the bus: dropped");
-            return;
-          }
-          const h = natsHeaders();
-          for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
-          await opts.bus.js.publish(opts.bus.subject(row.subject), body, { msgID: row.id, headers: h });
-        }),
-      );
-      await client.query("commit");
-      return rows.length;
-    } catch (err) {
-      await client.query("rollback").catch(() => undefined);
-      throw err;
-    } finally {
-      client.release();
-    }
+    return withClient(await pool, async (client) => {
+      try {
+        // Claimed and deleted in one round trip with the begin; the delete stands only if the commit
+        // comes, after every publish was acknowledged. A batch that fails is rolled back whole.
+        const [, claimed] = (await client.query(`begin; ${CLAIM_BATCH}`)) as unknown as Array<{ rows: OutboxBatchRow[] }>;
+        const rows = claimed!.rows.sort((a, b) => Number(a.seq) - Number(b.seq));
+        await Promise.all(
+          rows.map(async (row) => {
+            const body = JSON.stringify({ id: row.id, data: row.payload });
+            const bytes = Buffer.byteLength(body);
+            if (bytes > maxEventBytes(opts.bus)) {
+              // It could never be published: retried, it would hold back every event after it.
+              opts.logger.error({ event_id: row.id, subject: row.subject, bytes, max_bytes: maxEventBytes(opts.bus) }, "outbox event too large for the bus: dropped");
+              return;
+            }
+            const h = natsHeaders();
+            for (const [k, v] of Object.entries(row.headers ?? {})) h.set(k, v);
+            await opts.bus.js.publish(opts.bus.subject(row.subject), body, { msgID: row.id, headers: h });
+          }),
+        );
+        await client.query("commit");
+        return rows.length;
+      } catch (err) {
+        await client.query("rollback").catch(() => undefined);
+        throw err;
+      }
+    });
   };
 
   const run = (): Promise<number> => {

@@ -131,4 +131,27 @@ export function sqlPool(orm: MikroORM): Promise<SqlPool> {
   return orm.em.getConnection().getNativeClient();
 }
 
+/**
+ * Runs `fn` with a client of `pool` held for it: a transaction of several statements, or one
+ * that waits on something else between them. pg reports a connection lost while no statement
+ * runs as an 'error' event, and a client out of the pool has no listener of the pool's: Postgres
+ * restarting while `fn` awaits would be an uncaught error and end the process. Here it fails
+ * `fn`'s next statement instead. A client `fn` failed on is discarded, not returned.
+ */
+export async function withClient<T>(pool: SqlPool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let failed: Error | undefined;
+  const lost = (err: Error) => void (failed = err);
+  client.on("error", lost);
+  try {
+    return await fn(client);
+  } catch (err) {
+    failed ??= err instanceof Error ? err : new Error(String(err));
+    throw err;
+  } finally {
+    client.removeListener("error", lost);
+    client.release(failed);
+  }
+}
+
 export type { AnyEntity };

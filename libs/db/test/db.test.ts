@@ -3,7 +3,7 @@ import pg from "pg";
 import { defineEntity, p } from "@mikro-orm/core";
 import type { Logger } from "@platform/logger";
 import { TEST_DATABASE_PREFIX, createTestDatabase, dropDatabase, testServerUrl, uniquePrefix } from "@platform/testing";
-import { Migration, OutboxEvent, claimEvent, databaseFacts, enqueueEvent, openDatabase, type MikroORM } from "../src/index.ts";
+import { Migration, OutboxEvent, claimEvent, databaseFacts, enqueueEvent, openDatabase, withClient, type MikroORM } from "../src/index.ts";
 
 const WidgetSchema = defineEntity({
   name: "Widget",
@@ -241,5 +241,32 @@ describe("outbox and ledger", () => {
       Array.from({ length: 3 }, () => orm.em.fork().transactional((em) => claimEvent(em, "racer", "e-race"))),
     );
     expect(results.filter(Boolean)).toHaveLength(1);
+  });
+});
+
+describe("withClient", () => {
+  it("fails the work whose connection Postgres ended while it waited, not the process, and the pool goes on", async () => {
+    const pool = new pg.Pool({ connectionString: url, max: 1 });
+    const killer = new pg.Client({ connectionString: url });
+    await killer.connect();
+    try {
+      let resume: () => void = () => undefined;
+      const waiting = new Promise<void>((resolve) => (resume = resolve));
+      const work = withClient(pool, async (held) => {
+        await held.query("begin");
+        const { rows } = await held.query<{ pid: number }>("select pg_backend_pid() as pid");
+        await killer.query("select pg_terminate_backend($1)", [rows[0]!.pid]);
+        // Idle in its transaction, as a relay waiting for its publishes, when the connection ends.
+        await waiting;
+        return held.query("commit");
+      });
+      await new Promise((r) => setTimeout(r, 200));
+      resume();
+      await expect(work).rejects.toThrow(/terminat|not queryable/i);
+      expect(await withClient(pool, async (held) => (await held.query<{ n: number }>("select 1 as n")).rows)).toEqual([{ n: 1 }]);
+    } finally {
+      await killer.end();
+      await pool.end();
+    }
   });
 });

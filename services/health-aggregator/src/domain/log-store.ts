@@ -6,6 +6,7 @@
  * `error` key well inside the gateway's deadline when Postgres is slow or gone).
  */
 import pg from "pg";
+import { withClient } from "@platform/db";
 import type { Logger } from "@platform/logger";
 import type { Caller } from "@platform/caller";
 import type { StoredLine } from "./ingest.ts";
@@ -188,25 +189,18 @@ export class LogStore {
    */
   async insert(lines: readonly StoredLine[]): Promise<{ stored: number; forgotten: number }> {
     if (lines.length === 0) return { stored: 0, forgotten: 0 };
-    const client = await this.#writes.connect();
-    let broken: Error | undefined;
-    // A checked-out client has no listener of the pool's: a connection lost between two of the
-    // statements below (Postgres restarted) would be an uncaught error and end the process.
-    const lost = (err: Error) => (broken = err);
-    client.on("error", lost);
-    try {
-      await client.query("begin");
-      await client.query(FORGETTING_SHARED_LOCK);
-      const result = await client.query<{ inserted: number; forgotten: number }>(INSERT, [JSON.stringify(lines)]);
-      await client.query("commit");
-      return { stored: result.rows[0]?.inserted ?? 0, forgotten: result.rows[0]?.forgotten ?? 0 };
-    } catch (err) {
-      await client.query("rollback").catch((rollbackErr: Error) => (broken = rollbackErr));
-      throw err;
-    } finally {
-      client.removeListener("error", lost);
-      client.release(broken);
-    }
+    return withClient(this.#writes, async (client) => {
+      try {
+        await client.query("begin");
+        await client.query(FORGETTING_SHARED_LOCK);
+        const result = await client.query<{ inserted: number; forgotten: number }>(INSERT, [JSON.stringify(lines)]);
+        await client.query("commit");
+        return { stored: result.rows[0]?.inserted ?? 0, forgotten: result.rows[0]?.forgotten ?? 0 };
+      } catch (err) {
+        await client.query("rollback").catch(() => undefined);
+        throw err;
+      }
+    });
   }
 
   /**
