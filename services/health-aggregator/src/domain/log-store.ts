@@ -184,8 +184,9 @@ export class LogStore {
   }
 
   /**
-   * Stores a batch with one statement: a line id already stored is skipped, a line forgotten
-   * (forgetting.ts) is dropped. Returns how many of each.
+   * Stores a batch with one statement, in a transaction holding the forgetting lock shared
+   * (forgetting.ts): a line id already stored is skipped, a line forgotten is dropped. Returns
+   * how many were stored and how many forgotten.
    */
   async insert(lines: readonly StoredLine[]): Promise<{ stored: number; forgotten: number }> {
     if (lines.length === 0) return { stored: 0, forgotten: 0 };
