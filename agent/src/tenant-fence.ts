@@ -243,15 +243,19 @@ export async function keepTenantFence(
   /**
    * The port each replica's cgroup was let through to last: the one a replica moved from (its
    * port taken while it was down) is closed to it at once, not when it expires. A replica gone is
-   * not: no process is left in its cgroup to use it.
+   * not: no process is left in its cgroup to use it. Each renewal starts it again from the replicas
+   * that run, so it does not grow with every replica ever started; one it missed (starting as it
+   * was read) has its old port closed by expiry instead.
    */
   const opened = new Map<string, number>();
-  const openOwn = async (ports: OwnPort[]) => {
+  /** `every`: `ports` are all the replicas that run; the others are forgotten. */
+  const openOwn = async (ports: OwnPort[], every = false) => {
     if (!ownPorts) return;
     const closing = ports.flatMap(({ cgroup, port }) => {
       const before = opened.get(cgroup);
       return before !== undefined && before !== port ? [{ cgroup, port: before }] : [];
     });
+    if (every) opened.clear();
     for (const { cgroup, port } of ports) opened.set(cgroup, port);
     const failed = await openOwnPorts(spec.uid, ports, ttl, closing);
     // The replica runs all the same: the next renewal tries again (one that went meanwhile is no longer asked for).
@@ -267,7 +271,7 @@ export async function keepTenantFence(
         }
         if (again.created) logger.warn({ table }, "the tenant fence was gone (a firewall reload flushes it) and is back");
         ownPorts = !again.noOwnPorts;
-        await openOwn(opts.ownPorts?.() ?? []);
+        await openOwn(opts.ownPorts?.() ?? [], true);
       })
       .finally(() => (renewing = null)));
   const timer = setInterval(() => void renew(), opts.renewMs ?? FENCE_RENEW_MS);

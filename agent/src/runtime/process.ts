@@ -282,7 +282,8 @@ export class ProcessDriver implements RuntimeDriver {
         this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's socket cgroup; it cannot connect to its own port");
       }
     }
-    const cgroups = [cgroup, pidsCgroup, socketCgroup].filter((c): c is string => c !== null);
+    // On cgroup v2 the three are one cgroup.
+    const cgroups = [...new Set([cgroup, pidsCgroup, socketCgroup])].filter((c): c is string => c !== null);
 
     for (const old of [previous?.record.cgroup, previous?.record.pidsCgroup, previous?.record.socketCgroup]) {
       if (old && !cgroups.includes(old)) await removeCgroup(old).catch(() => undefined);
