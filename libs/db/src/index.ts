@@ -80,12 +80,22 @@ export async function openDatabase(opts: DatabaseOptions): Promise<MikroORM> {
   return orm;
 }
 
+/** The application_name of the connection holding a schema's migration lock (pg_stat_activity). */
+export const MIGRATION_LOCK_APPLICATION = "platform migration lock";
+
 /**
  * Applies pending migrations while holding a session advisory lock keyed by the schema, taken
- * on a connection of its own so the lock outlives each pooled query.
+ * on a connection of its own so the lock outlives each pooled query. That connection ending
+ * meanwhile (Postgres restarted, the backend terminated) released the lock, so another process
+ * may have migrated beside this one: the start fails, and the next start finds what was applied.
+ * Without a listener, pg's 'error' event on an idle client would end the process instead.
  */
 async function migrateUnderLock(orm: MikroORM, opts: DatabaseOptions): Promise<void> {
-  const lock = new pg.Client({ connectionString: opts.url });
+  const lock = new pg.Client({ connectionString: opts.url, application_name: MIGRATION_LOCK_APPLICATION });
+  let lost: Error | null = null;
+  lock.on("error", (err) => {
+    lost ??= err;
+  });
   await lock.connect();
   try {
     await lock.query("select pg_advisory_lock(hashtext($1))", [`platform.migrate.${opts.schema}`]);
@@ -93,8 +103,11 @@ async function migrateUnderLock(orm: MikroORM, opts: DatabaseOptions): Promise<v
     const applied = await orm.migrator.up();
     if (applied.length > 0) opts.logger?.info({ schema: opts.schema, migrations: applied.map((m) => m.name) }, "migrations applied");
     await lock.query("select pg_advisory_unlock(hashtext($1))", [`platform.migrate.${opts.schema}`]);
+  } catch (err) {
+    if (!lost) throw err;
+    throw new Error(`The connection holding the migration lock of schema ${opts.schema} was lost during the migrations (${(lost as Error).message}); start again to finish them.`, { cause: err });
   } finally {
-    await lock.end();
+    await lock.end().catch(() => undefined);
   }
 }
 

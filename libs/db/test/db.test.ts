@@ -3,7 +3,7 @@ import pg from "pg";
 import { defineEntity, p } from "@mikro-orm/core";
 import type { Logger } from "@platform/logger";
 import { TEST_DATABASE_PREFIX, createTestDatabase, dropDatabase, testServerUrl, uniquePrefix } from "@platform/testing";
-import { Migration, OutboxEvent, claimEvent, databaseFacts, enqueueEvent, openDatabase, withClient, type MikroORM } from "../src/index.ts";
+import { MIGRATION_LOCK_APPLICATION, Migration, OutboxEvent, claimEvent, databaseFacts, enqueueEvent, openDatabase, withClient, type MikroORM } from "../src/index.ts";
 
 const WidgetSchema = defineEntity({
   name: "Widget",
@@ -152,6 +152,24 @@ describe("openDatabase", () => {
     expect(facts.database.length).toBeGreaterThan(0);
     expect(facts.database).toMatch(/terminat|does not exist|connection/i);
     expect(facts.tables).toBeUndefined();
+  });
+
+  it("fails the start, without ending the process, when the migration lock's connection is lost", async () => {
+    class LockLost extends Migration {
+      override up(): void {
+        this.addSql(`select pg_terminate_backend(pid) from pg_stat_activity where application_name = '${MIGRATION_LOCK_APPLICATION}' and datname = current_database()`);
+        // The lock's client hears of its end while the migrations still run.
+        this.addSql("select pg_sleep(0.3)");
+        this.addSql("create table after_lock_lost (id int)");
+      }
+    }
+    await expect(
+      openDatabase({ url, schema: "svc_lock_lost", entities: [], migrations: [{ name: "0001_lock_lost", class: LockLost }] }),
+    ).rejects.toThrow(/connection holding the migration lock of schema svc_lock_lost was lost/);
+    // What the migration did was committed; the next start finds it applied and goes on.
+    const again = await openDatabase({ url, schema: "svc_lock_lost", entities: [], migrations: [{ name: "0001_lock_lost", class: LockLost }] });
+    orms.push(again);
+    expect(await migrationRows(client, "svc_lock_lost")).toEqual(["0000_outbox", "0000_outbox_published_rows_deleted", "0001_lock_lost"]);
   });
 
   it("fails, and closes what it opened, when a migration fails", async () => {
