@@ -5,7 +5,7 @@ import { BuildSchema, type Build as BuildMsg } from "@platform/proto";
 import { requireCaller } from "@platform/caller";
 import type { Build } from "./entities/index.ts";
 import { sqlPool } from "@platform/db";
-import { buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild, triggerBuildOfRegisteredApp } from "./domain/builds.ts";
+import { buildDuration, buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild, triggerBuildOfRegisteredApp } from "./domain/builds.ts";
 import type { AppsBuildsContext, Handlers } from "./rpc.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
@@ -24,7 +24,7 @@ export function buildMsg(b: Build, withLog = false): BuildMsg {
     status: b.status,
     codebuildId: b.id,
     codebuildPhase: b.codebuildPhase,
-    durationSeconds: b.durationSeconds ?? undefined,
+    durationSeconds: buildDuration(b, new Date()),
     images: b.images,
     errorMessage: b.errorMessage ?? undefined,
     createdBy: b.createdBy,

@@ -451,6 +451,17 @@ async function newerBuildCompleted(em: EntityManager, app: App, build: Build): P
 }
 
 /**
+ * The build's duration in whole seconds: final once it has ended, so far while it runs, and 0
+ * before an agent has taken it (or when it ended without ever starting, cancelled in the queue).
+ */
+export function buildDuration(build: Pick<Build, "startedAt" | "completedAt" | "durationSeconds">, now: Date): number {
+  if (build.durationSeconds !== null && build.durationSeconds !== undefined) return build.durationSeconds;
+  if (!build.startedAt) return 0;
+  const end = build.completedAt ?? now;
+  return Math.max(0, Math.round((end.getTime() - build.startedAt.getTime()) / 1000));
+}
+
+/**
  * Keeps the builds row in step with its BUILD action: `queue_status` and the phase follow along,
  * while `status` stays `queued` until the build finishes (spec doc 1 section 2.3).
  */
@@ -480,7 +491,7 @@ export async function applyActionUpdate(em: EntityManager, update: ActionUpdate)
   build.status = update.status;
   build.codebuildPhase = "COMPLETED";
   build.completedAt = completedAt;
-  if (build.startedAt) build.durationSeconds = Math.max(0, Math.round((completedAt.getTime() - build.startedAt.getTime()) / 1000));
+  build.durationSeconds = buildDuration(build, completedAt);
   build.errorMessage = update.status === "failed" ? (update.error_message ?? "The build failed.") : null;
   if (r.images) build.images = r.images;
   if (r.log !== undefined) build.log = r.log;
