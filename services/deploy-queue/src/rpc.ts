@@ -15,7 +15,7 @@ import { claimAction, completeAction, reportProgress } from "./domain/claims.ts"
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
 import { branchBuildTags, checkStaticSiteFields, deploymentPhases, deploymentStatus, getDeployment, listDeployments, listHistory, lockedRetryTarget, pendingUndeploy, queueAppAction, queueDeployment, requestedServices, retryTarget } from "./domain/deployments.ts";
-import { scaleBranch, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
+import { scaleBranch, serviceShapes, serviceTargets, undeployBranch } from "./domain/app-actions.ts";
 import { deployedReplicas, lockScaleTarget, refuseScaleInFlight, scaleSavedNotDeployed } from "./domain/scale.ts";
 import { checkPlacementPlan, type Dispatched } from "./domain/placement.ts";
 import { publishDispatched } from "./workers.ts";
@@ -373,7 +373,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             // What the app declares is said before whether anything runs (spec doc 2 section 4.10:
             // a static service is refused 422, an undeclared one 404).
             const config = await declaredConfig(apps, caller, app);
-            const shapes = Object.keys(config?.services ?? {}).map((name) => ({ name, isStatic: config?.type === "static" }));
+            const shapes = config ? serviceShapes(config, app.services.map((s) => s.name)) : [];
             const targets = config ? serviceTargets(app.appName, shapes, req.services[0] ?? null) : null;
             if (!running || !targets) {
               throw PlatformError.conflict({ code: "nothing_running", message: `Nothing runs on branch '${app.branch}' of '${app.appName}': deploy it first.` });

@@ -8,7 +8,7 @@ import { describe, expect, it } from "vitest";
 import { PlatformError } from "@platform/errors";
 import type { Action } from "../src/entities/index.ts";
 import { deploymentPhases, deploymentStatus, resolvePage } from "../src/domain/deployments.ts";
-import { scaleBranch, serviceTargets, undeployBranch, type BranchState } from "../src/domain/app-actions.ts";
+import { scaleBranch, serviceShapes, serviceTargets, undeployBranch, type BranchState } from "../src/domain/app-actions.ts";
 import { FORGOTTEN_AFTER_MS, servicesStatus, type AgentReport } from "../src/domain/services-status.ts";
 import { isPastPointOfNoReturn, marksSwapCommit, SWAP_COMMIT_PHASE } from "../src/domain/point-of-no-return.ts";
 
@@ -205,6 +205,13 @@ describe("service action targets (doc 2 section 4.10)", () => {
 
   it("an app-level action targets every container service and lists the static ones skipped", () => {
     expect(serviceTargets("shop", services, null)).toEqual({ services: ["web", "worker"], skippedStatic: ["site"] });
+  });
+
+  it("knows a static app's services by its config and by its registration's latest preflight, a container app's by its config alone", () => {
+    expect(serviceShapes({ type: "static", services: {} }, ["site"])).toEqual([{ name: "site", isStatic: true }]);
+    const r = refusal(() => serviceTargets("shop", serviceShapes({ type: "static" }, ["site"]), "site"));
+    expect(r).toMatchObject({ status: 422, detail: { code: "static_service" } });
+    expect(serviceShapes({ type: "container", services: { web: {} } }, ["web", "worker"])).toEqual([{ name: "web", isStatic: false }]);
   });
 
   it("refuses an app-level action with 422 when every service is static", () => {

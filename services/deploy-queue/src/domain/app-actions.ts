@@ -46,6 +46,19 @@ export interface ServiceShape {
   isStatic: boolean;
 }
 
+/**
+ * The services an action may name: those of the config the app runs (or would build with). A
+ * static app also has those its registration lists from the latest preflight, which the status
+ * route shows as `edge`: a service added to its repository since its last build is refused as
+ * static (422), not as undeclared (404).
+ */
+export function serviceShapes(config: { type?: string; services?: Record<string, unknown> }, listed: string[]): ServiceShape[] {
+  const isStatic = config.type === "static";
+  const names = new Set(Object.keys(config.services ?? {}));
+  if (isStatic) for (const name of listed) names.add(name);
+  return [...names].map((name) => ({ name, isStatic }));
+}
+
 export interface ServiceTargets {
   services: string[];
   skippedStatic: string[];
