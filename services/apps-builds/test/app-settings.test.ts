@@ -221,8 +221,14 @@ describe("PATCH an app", () => {
     await setRow("web", "main", { deployStatus: "undeployed", warnings: [], visibility: "public" });
   });
 
-  it("accepts force_remove_domains (no custom domain can be attached yet)", async () => {
+  it("honours force_remove_domains on the production branch only (no custom domain can be attached yet)", async () => {
     expect((await patch({ force_remove_domains: true })).app?.appName).toBe("web");
+    expect(await refusal(patch({ visibility: "private", force_remove_domains: true }, { branch: "staging" }))).toMatchObject({
+      status: 409,
+      detail: { code: "force_on_non_owning_branch", branch: "staging" },
+    });
+    expect((await row("web", "staging")).visibility).toBe("public");
+    expect((await patch({ force_remove_domains: false }, { branch: "staging" })).app?.branch).toBe("staging");
     expect(await refusal(patch({ force_remove_domains: "yes" }))).toMatchObject({ status: 422, detail: { code: "wrong_type" } });
   });
 

@@ -21,7 +21,9 @@
  * - A `visibility` change is stored at once. The live route follows it at the next deploy (no
  *   reconcile can be queued yet), which is recorded in the app's `warnings` while something may
  *   be serving (deploy_status other than `undeployed`).
- * - `force_remove_domains` is accepted and has nothing to do until custom domains exist.
+ * - `force_remove_domains` is honoured only on the production branch, the one custom domains
+ *   attach to: sent true on another branch it is 409 (spec 4.4). On the production branch it has
+ *   nothing to do until custom domains exist.
  * - A new `config_path` re-queues the preflight and drops the base layer, read from the old file:
  *   the preflight fills it from the new file, as for a new app, and the next build refreshes it.
  */
@@ -328,6 +330,13 @@ export async function updateApp(
   const patch = readAppPatch(body);
   const app = await lockApp(em, await findApp(em, caller, appName, branch));
 
+  if (patch.forceRemoveDomains && !app.isProduction) {
+    throw PlatformError.conflict({
+      code: "force_on_non_owning_branch",
+      message: `force_remove_domains is honoured only on the production branch, which owns the app's custom domains; '${app.branch}' is not '${app.appName}''s production branch.`,
+      branch: app.branch,
+    });
+  }
   const seed = patch.seedFromReference;
   if (seed) {
     if (app.deployStatus === "running" || app.deployStatus === "deploying") {
@@ -369,7 +378,6 @@ export async function updateApp(
     // The reconcile is queued through the outbox, in this transaction: it cannot be lost.
     if (app.deployStatus !== "undeployed") requestReconcile(em, caller, app);
   }
-  // force_remove_domains: accepted; no custom domain can be attached yet.
 
   let preflightActionId: string | null = null;
   if (patch.configPath !== undefined && patch.configPath !== app.configPath) {
