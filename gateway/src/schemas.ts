@@ -40,7 +40,11 @@ export const authErrors = {
 export const bodyErrors = {
   400: { ...errorRef, description: "Malformed JSON." },
   413: { ...errorRef, description: "Body larger than the gateway accepts." },
+  415: { ...errorRef, description: "A body sent as another content type than application/json." },
 } as const;
+
+/** An error answer of a route's own, described where the route is. */
+export const refusal = (description: string) => ({ ...errorRef, description }) as const;
 
 /**
  * The answers of a route that registers an app (POST /api/apps, and POST /api/builds for an

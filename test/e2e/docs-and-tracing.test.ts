@@ -106,7 +106,20 @@ describe("OpenAPI document", () => {
     const createKey = r.body.paths["/api/keys"].post;
     expect(createKey.requestBody.content["application/json"].schema.required).toEqual(["name", "scope"]);
     expect(createKey.requestBody.content["application/json"].schema.properties.scope.enum).toEqual(["read", "deploy", "admin"]);
-    expect(Object.keys(createKey.responses)).toEqual(expect.arrayContaining(["201", "401", "403", "404", "422", "413"]));
+    expect(Object.keys(createKey.responses)).toEqual(expect.arrayContaining(["201", "401", "403", "404", "422", "413", "415"]));
+  });
+
+  it("lists among a route's answers every 409 its description names, and 415 wherever it takes a body", async () => {
+    const r = await call(fleet.api, "GET", "/openapi.json", { credential: fleet.rootKey });
+    const missing: string[] = [];
+    for (const [path, operations] of Object.entries(r.body.paths as Record<string, Record<string, any>>)) {
+      for (const [method, op] of Object.entries(operations)) {
+        const codes = Object.keys(op.responses ?? {});
+        if (/\b409\b/.test(`${op.summary ?? ""} ${op.description ?? ""}`) && !codes.includes("409")) missing.push(`${method} ${path}: 409`);
+        if (op.requestBody && !codes.includes("415")) missing.push(`${method} ${path}: 415`);
+      }
+    }
+    expect(missing).toEqual([]);
   });
 });
 

@@ -15,7 +15,7 @@ import { PlatformError } from "@platform/errors";
 import { inGroup } from "@platform/caller";
 import { callerOf } from "../access.ts";
 import { appJson } from "./apps.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, refusal } from "../schemas.ts";
 
 const nullable = { type: ["string", "null"] } as const;
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
@@ -77,7 +77,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         params: appParams,
         querystring: branchQuery,
         body: { type: ["object", "null"], properties: { rebuild: { type: "boolean", default: false } }, additionalProperties: false },
-        response: { 202: queuedAction, ...authErrors, ...bodyErrors },
+        response: { 202: queuedAction, ...authErrors, ...bodyErrors, 409: refusal("`preflight_quarantined`: the app is quarantined by its preflight, with the remediation (nothing queued).") },
       },
     },
     async (request, reply) => {
@@ -97,7 +97,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     },
   );
 
-  const simple = (path: string, type: "RETRY" | "RECONCILE_ROUTING", summary: string, description: string) =>
+  const simple = (path: string, type: "RETRY" | "RECONCILE_ROUTING", summary: string, description: string, conflicts: Record<number, ReturnType<typeof refusal>> = {}) =>
     app.post(
       path,
       {
@@ -109,7 +109,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           params: appParams,
           querystring: branchQuery,
           body: { type: ["object", "null"], properties: {}, additionalProperties: false, description: "No fields; an empty body or `{}`." },
-          response: { 202: queuedAction, ...authErrors, ...bodyErrors },
+          response: { 202: queuedAction, ...authErrors, ...bodyErrors, ...conflicts },
         },
       },
       async (request, reply) => {
@@ -127,6 +127,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
     "Retry the latest failed deploy of the branch (same image, phases from the start).",
     "409 while quarantined by preflight (said first, with the remediation); 409 `nothing_to_retry` when the latest deploy did not fail; " +
       "409 `build_not_completed` (with `build_id`) when it failed because its build failed or was cancelled: there is no image to deploy again.",
+    { 409: refusal("`preflight_quarantined`, `nothing_to_retry` or `build_not_completed` (nothing queued).") },
   );
   simple(
     "/api/apps/:app_name/reconcile",
@@ -171,6 +172,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           },
           ...authErrors,
           ...bodyErrors,
+          409: refusal("`nothing_running`, `scale_in_flight`, `overlay_would_drop_fields` or `preflight_quarantined`: nothing saved or queued."),
         },
       },
     },
@@ -242,6 +244,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           },
           ...authErrors,
           ...bodyErrors,
+          409: refusal("`branch_required`: the app runs on several branches, listed in `branches`; name one (nothing queued)."),
         },
       },
     },
@@ -347,6 +350,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
   const rolling =
     " A restart replaces the replicas one at a time, each back and passing its health check before the next goes; the router holds or re-sends the requests meanwhile, so none fails. A replica that does not come back fails the row and leaves the ones after it untouched.";
   const noteOf = { restart: rolling, stop: stopHolds, start: "" } as const;
+  const nothingRunning = refusal("`nothing_running`: the branch is not deployed (nothing queued).");
   for (const action of ["restart", "stop", "start"] as const) {
     app.post(
       `/api/services/:app_name/:service/${action}`,
@@ -358,7 +362,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           description: `422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
           params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
           querystring: branchQuery,
-          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
+          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors, 409: nothingRunning },
         },
       },
       async (request, reply) => {
@@ -373,10 +377,10 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         schema: {
           tags: ["services"],
           summary: `${action[0]!.toUpperCase()}${action.slice(1)} every container service of a branch (one SERVICE_ACTION row each).`,
-          description: `Static services are skipped and listed in \`skipped_static\`; 422 when every service is static.${noteOf[action]}`,
+          description: `Static services are skipped and listed in \`skipped_static\`; 422 when every service is static; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
           params: appParams,
           querystring: branchQuery,
-          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors },
+          response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors, 409: nothingRunning },
         },
       },
       async (request, reply) => {

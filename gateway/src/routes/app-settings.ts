@@ -15,7 +15,7 @@ import { fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import type { AppsBuildsService } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, refusal } from "../schemas.ts";
 import { appJson } from "./apps.ts";
 
 const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
@@ -23,7 +23,6 @@ const branchQuery = {
   type: "object",
   properties: { ...commonQuery, branch: { type: "string", description: "Branch of the app; defaults to the production branch." } },
 } as const;
-const refusal = (description: string) => ({ $ref: "Error#", description }) as const;
 
 /** Bodies as the client sent them, taken before schema validation changes them. */
 const sentBodies = new WeakMap<FastifyRequest, unknown>();

@@ -9,7 +9,7 @@ import type { Deployment, DeployQueueService, HealthAggregatorService } from "@p
 import { callerOf } from "../access.ts";
 import { LIVE_TAIL_LIMIT } from "../domain/build-log.ts";
 import { phasesOfShippedLines } from "../domain/deploy-log.ts";
-import { authErrors, bodyErrors, commonQuery, offsetParam } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, offsetParam, refusal } from "../schemas.ts";
 
 /** The settings POST /api/deployments takes for `type: static` apps only. */
 const STATIC_SITE_FIELDS = ["aliases", "record_fqdn", "cert_arn_us_east_1", "spa_fallback", "index_document", "error_document"] as const;
@@ -162,6 +162,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
           },
           ...authErrors,
           ...bodyErrors,
+          409: refusal("`preflight_quarantined`, with the remediation; or the app and branch exist in several groups and the caller sees every group (retry with ?group=). Nothing queued."),
         },
       },
     },

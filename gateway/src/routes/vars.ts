@@ -11,10 +11,9 @@ import type { Client } from "@connectrpc/connect";
 import { PlatformError } from "@platform/errors";
 import type { AppsBuildsService, Variables } from "@platform/proto";
 import { callerOf } from "../access.ts";
-import { authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { authErrors, bodyErrors, commonQuery, refusal } from "../schemas.ts";
 
 const appName = { type: "object", properties: { app_name: { type: "string" } }, required: ["app_name"] } as const;
-const refusal = (description: string) => ({ $ref: "Error#", description }) as const;
 const keyName = {
   type: "string",
   minLength: 1,
