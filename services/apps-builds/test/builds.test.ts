@@ -270,6 +270,20 @@ describe("registrations at the same moment", () => {
     }
   });
 
+  it("knows a suffixed app's branches by the name it was first registered by, whichever name registered them", async () => {
+    const repository = "https://example.com/beta/basket.git";
+    await client.registerApp({ caller: acme, appName: "basket", repository: "https://example.com/acme/basket.git" });
+    expect((await client.registerApp({ caller: beta, appName: "basket", repository })).app?.appName).toBe("basket-2");
+    // A branch registered under the suffixed name.
+    expect((await client.registerApp({ caller: beta, appName: "basket-2", repository, branch: "dev" })).app?.branch).toBe("dev");
+    // Named as first registered: the branch exists (not a taken host label).
+    expect(await refusal(client.registerApp({ caller: beta, appName: "basket", repository, branch: "dev" }))).toMatchObject({ status: 409, detail: { code: "app_exists" } });
+    // And a build of it under that name builds that branch.
+    await db.query("update apps_builds.apps set preflight_status = 'ready' where app_name = 'basket-2'");
+    const built = await client.triggerBuild({ caller: beta, appName: "basket", repository, branch: "dev", autoDeploy: false, configPath: "", skipPreflight: false });
+    expect({ appName: built.appName, registered: built.registered }).toEqual({ appName: "basket-2", registered: false });
+  });
+
   it("registers an app named after a word of a route under the next suffix", async () => {
     const r = await client.registerApp({ caller: acme, appName: "ID", repository: "https://example.com/acme/id.git" });
     expect(r.app?.appName).toBe("id-2");

@@ -222,9 +222,11 @@ export async function registerApp(
 
   const ours = await em.find(App, { groupSlug: group, $or: [{ baseName }, { appName: baseName }] }, { orderBy: { createdAt: "asc" } });
   let appName: string;
+  // Every branch of the app the name means, whatever name each was registered by (`web` or `web-2`).
+  let branches: App[] = [];
   if (ours.length > 0) {
     appName = ours[0]!.appName;
-    const branches = ours.filter((a) => a.appName === appName);
+    branches = await em.find(App, { groupSlug: group, appName }, { orderBy: { createdAt: "asc" } });
     if (branches.some((a) => a.branch === branch)) {
       throw PlatformError.conflict({ code: "app_exists", message: `App '${appName}' already has branch '${branch}'.`, app_name: appName, branch });
     }
@@ -249,13 +251,14 @@ export async function registerApp(
     isProduction = (await em.count(App, { appName, isProduction: true })) === 0;
     await checkBranchHostFree(em, appName, label);
   }
-  // A new branch is another version of the same project: it keeps the project's name unless given one.
-  const project = ours.find((a) => a.appName === appName && a.isProduction) ?? ours.find((a) => a.appName === appName);
+  // A new branch is another version of the same project: it keeps the project's name unless given
+  // one, and the name it was first registered by, which requests naming the app by it look up.
+  const project = branches.find((a) => a.isProduction) ?? branches[0];
   const displayName = givenDisplayName || project?.displayName || input.appName.trim();
   const app = em.create(App, {
     id: randomUUID(),
     appName,
-    baseName,
+    baseName: branches[0]?.baseName ?? baseName,
     displayName,
     slug: appName,
     groupSlug: group,

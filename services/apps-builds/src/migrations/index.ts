@@ -10,6 +10,7 @@ import { deployUpdateOrderMigrations } from "./0008_deploy_update_order.ts";
 import { firstDeployMigrations } from "./0009_first_deploy.ts";
 import { repositoryKeyWwwMigrations } from "./0010_repository_key_www.ts";
 import { runningMountsMigrations } from "./0011_running_mounts.ts";
+import { branchBaseNamesMigrations } from "./0012_branch_base_names.ts";
 
 export const appsBuildsMigrations = [
   ...migrations,
@@ -23,4 +24,5 @@ export const appsBuildsMigrations = [
   ...firstDeployMigrations,
   ...repositoryKeyWwwMigrations,
   ...runningMountsMigrations,
+  ...branchBaseNamesMigrations,
 ];
