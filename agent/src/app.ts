@@ -170,7 +170,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     logger,
     log: (line) => void shipper.ship(line),
     build: {
-      logRoom: () => shipper.room(),
+      logRoom: (of) => shipper.room(of),
       workDir: resolvePath(config.AGENT_WORK_DIR),
       imageDir: resolvePath(config.AGENT_IMAGE_DIR),
       allowFileRepos: allowFileRepos(config),

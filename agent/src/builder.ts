@@ -13,6 +13,7 @@ import { StringDecoder } from "node:string_decoder";
 import type { Readable } from "node:stream";
 import { normalizeAppConfig, parseAppConfigYaml, problemText, problemsSummary } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
+import type { AppOfLine } from "@platform/logship";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import { DEFAULT_PATH } from "./quiet-command.ts";
@@ -51,10 +52,11 @@ export interface BuildDeps {
   /** One line of build output (also kept for the stored log). */
   log(line: { level: LogLevel; message: string; service_name?: string; phase: string }): void;
   /**
-   * Null while `log` takes lines; else a promise of room. A build command's output is not read
-   * meanwhile, so the command waits on its writes instead of its lines being dropped.
+   * Null while `log` takes lines of the app built (`of`); else a promise of room. A build
+   * command's output is not read meanwhile, so the command waits on its writes instead of its
+   * lines being dropped.
    */
-  logRoom?(): Promise<void> | null;
+  logRoom?(of: AppOfLine): Promise<void> | null;
   /** Reports a phase (with what is learned by then); true means cancel was requested and the build must stop. */
   phase(name: string, opts?: { wait?: boolean } & PhaseFacts): Promise<boolean>;
   /** Puts the archive in the fleet's image store, where hosts that deploy the tag fetch it. */
@@ -446,7 +448,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
           env: buildEnv(job, home),
           deadline,
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
-          room: deps.logRoom,
+          room: deps.logRoom && (() => deps.logRoom!({ group_slug: job.group_slug, app_name: job.app_name, branch: job.branch })),
           network: wrapped?.network,
         }),
       );

@@ -388,11 +388,14 @@ it("keeps the first and last output of a long build in its stored log, and waits
     const lines: string[] = [];
     let waits = 0;
     let full = 2000;
-    const outcome = await runBuild({ ...job("main-00000009", false), repository: noisy.url, branch: noisy.branch }, {
+    const asked = new Set<string>();
+    const noisyJob = { ...job("main-00000009", false), repository: noisy.url, branch: noisy.branch };
+    const outcome = await runBuild(noisyJob, {
       ...deps(),
       log: (line) => void lines.push(line.message),
       // A shipper with no room every 2,000 lines, for a moment.
-      logRoom: () => {
+      logRoom: (of) => {
+        asked.add(JSON.stringify(of));
         if (lines.length < full) return null;
         full += 2000;
         waits++;
@@ -401,6 +404,8 @@ it("keeps the first and last output of a long build in its stored log, and waits
     });
     expect(outcome).toMatchObject({ status: "failed", error_message: "The build command of service web exited with code 1." });
     expect(waits).toBeGreaterThan(0);
+    // Room is asked for the app built: its share of the shipper's buffer.
+    expect([...asked]).toEqual([JSON.stringify({ group_slug: noisyJob.group_slug, app_name: noisyJob.app_name, branch: noisyJob.branch })]);
     // Nothing was lost or reordered while the command waited.
     const output = lines.filter((l) => l.startsWith("line "));
     expect(output).toHaveLength(20000);

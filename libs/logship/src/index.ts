@@ -3,4 +3,4 @@
  * health-aggregator that stores them, and the shipper agents use.
  */
 export * from "./line.ts";
-export { LogShipper, subjectToken, type LogLineInput, type LogShipperOptions, type LogShipperStats } from "./shipper.ts";
+export { LogShipper, subjectToken, type AppOfLine, type LogLineInput, type LogShipperOptions, type LogShipperStats } from "./shipper.ts";

@@ -5,7 +5,9 @@
  * and at most 100 lines or 512 KiB. A publish that fails keeps its batch, with the same message
  * id, for the next flush; JetStream drops the copy if the first attempt had landed after all,
  * and health-aggregator stores each line id once in any case. Past `maxBuffered` waiting lines,
- * new lines are dropped and counted: logging never blocks or exhausts the agent.
+ * new lines are dropped and counted: logging never blocks or exhausts the agent. One app (a
+ * group's app and branch) may have at most `maxBufferedPerApp` lines waiting: every tenant on the
+ * host shares the buffer, and one flooding its output must lose its own lines, not the others'.
  */
 import { randomUUID } from "node:crypto";
 import { subjects, type Bus } from "@platform/bus";
@@ -26,6 +28,8 @@ export interface LogShipperOptions {
   batchLines?: number;
   /** Lines that may wait (default 10 000); beyond, new lines are dropped and counted. */
   maxBuffered?: number;
+  /** Lines of one app (group, app, branch) that may wait (default a quarter of maxBuffered). */
+  maxBufferedPerApp?: number;
   /** Largest message payload (default 512 KiB, under the NATS default of 1 MiB). */
   maxBatchBytes?: number;
   logger?: Logger;
@@ -56,6 +60,7 @@ export class LogShipper {
   readonly #defaults: LogShipperOptions["defaults"];
   readonly #batchLines: number;
   readonly #maxBuffered: number;
+  readonly #maxPerApp: number;
   readonly #maxBatchBytes: number;
   readonly #logger: Logger | undefined;
   readonly #timer: NodeJS.Timeout;
@@ -71,14 +76,17 @@ export class LogShipper {
   #stats = { published: 0, dropped: 0, invalid: 0, publishFailures: 0 };
   /** Lines dropped while the buffer was full, per stream of lines (see #dropKey), told once there is room. */
   #droppedBy = new Map<string, { line: LogLineInput; count: number }>();
-  /** Waiters for room (see room()). */
-  #roomWaiters: Array<() => void> = [];
+  /** Lines waiting per app (see appKey); lines of no app are not counted. */
+  #byApp = new Map<string, number>();
+  /** Waiters for room (see room()), each for the app it produces lines of, if any. */
+  #roomWaiters: Array<{ app: string | null; wake: () => void }> = [];
 
   constructor(opts: LogShipperOptions) {
     this.#bus = opts.bus;
     this.#defaults = opts.defaults;
     this.#batchLines = opts.batchLines ?? 100;
     this.#maxBuffered = opts.maxBuffered ?? 10_000;
+    this.#maxPerApp = opts.maxBufferedPerApp ?? Math.max(1, Math.floor(this.#maxBuffered / 4));
     this.#maxBatchBytes = opts.maxBatchBytes ?? 512 * 1024;
     this.#logger = opts.logger;
     this.#timer = setInterval(() => void this.flush(), opts.flushIntervalMs ?? 200);
@@ -90,7 +98,7 @@ export class LogShipper {
    * or refused by validation.
    */
   ship(input: LogLineInput): boolean {
-    if (this.#closed || this.buffered >= this.#maxBuffered) {
+    if (this.#closed || this.buffered >= this.#maxBuffered || this.#appFull(appKey(this.#appOf(input)))) {
       this.#stats.dropped++;
       if (!this.#closed) this.#noteDropped(input);
       return false;
@@ -100,14 +108,42 @@ export class LogShipper {
   }
 
   /**
-   * Null while the buffer is less than half full; otherwise a promise that resolves once it is a
-   * quarter full again. A producer that can wait (a build command's output: its pipe fills and the
-   * command waits on its writes) waits on it, and the half left over takes what it had already
-   * read (a pipe's chunk of lines), so none of its lines is dropped.
+   * Null while the buffer, and the share of it the producer's app may take (`of`), are less than
+   * half full; otherwise a promise that resolves once both are a quarter full again. A producer
+   * that can wait (a build command's output: its pipe fills and the command waits on its writes)
+   * waits on it, and the half left over takes what it had already read (a pipe's chunk of lines),
+   * so none of its lines is dropped.
    */
-  room(): Promise<void> | null {
-    if (this.#closed || this.buffered < this.#maxBuffered / 2) return null;
-    return new Promise((resolve) => this.#roomWaiters.push(resolve));
+  room(of?: AppOfLine): Promise<void> | null {
+    const app = of ? appKey(of) : null;
+    if (this.#closed || (this.buffered < this.#maxBuffered / 2 && (app === null || this.#waitingOf(app) < this.#maxPerApp / 2))) return null;
+    return new Promise((resolve) => this.#roomWaiters.push({ app, wake: resolve }));
+  }
+
+  /** The app of a line as it will be stamped: its own fields, else the shipper's defaults. */
+  #appOf(input: LogLineInput): AppOfLine {
+    const d = this.#defaults ?? {};
+    return {
+      group_slug: input.group_slug !== undefined ? input.group_slug : d.group_slug,
+      app_name: input.app_name !== undefined ? input.app_name : d.app_name,
+      branch: input.branch !== undefined ? input.branch : d.branch,
+    };
+  }
+
+  #waitingOf(app: string): number {
+    return this.#byApp.get(app) ?? 0;
+  }
+
+  #appFull(app: string | null): boolean {
+    return app !== null && this.#waitingOf(app) >= this.#maxPerApp;
+  }
+
+  #count(line: ValidLogLine, by: 1 | -1): void {
+    const app = appKey(line);
+    if (app === null) return;
+    const n = this.#waitingOf(app) + by;
+    if (n > 0) this.#byApp.set(app, n);
+    else this.#byApp.delete(app);
   }
 
   #accept(input: LogLineInput): boolean {
@@ -124,6 +160,7 @@ export class LogShipper {
       return false;
     }
     this.#pending.push(result.line);
+    this.#count(result.line, 1);
     if (this.#pending.length >= this.#batchLines) void this.flush();
     return true;
   }
@@ -144,6 +181,7 @@ export class LogShipper {
   #tellDropped(): void {
     for (const [key, { line, count }] of this.#droppedBy) {
       if (this.buffered >= this.#maxBuffered) return;
+      if (this.#appFull(appKey(this.#appOf(line)))) continue;
       this.#droppedBy.delete(key);
       this.#accept({
         ...line,
@@ -159,7 +197,10 @@ export class LogShipper {
     if (this.#roomWaiters.length === 0 || (!this.#closed && this.buffered > this.#maxBuffered / 4)) return;
     const waiters = this.#roomWaiters;
     this.#roomWaiters = [];
-    for (const wake of waiters) wake();
+    for (const waiter of waiters) {
+      if (this.#closed || waiter.app === null || this.#waitingOf(waiter.app) <= this.#maxPerApp / 4) waiter.wake();
+      else this.#roomWaiters.push(waiter);
+    }
   }
 
   /** Lines waiting to be published. */
@@ -223,6 +264,7 @@ export class LogShipper {
       }
       this.#batches.shift();
       this.#batchedLines -= batch.lines.length;
+      for (const line of batch.lines) this.#count(line, -1);
       this.#stats.published += batch.lines.length;
       if (this.#droppedBy.size > 0) this.#tellDropped();
       this.#wakeRoomWaiters();
@@ -265,6 +307,15 @@ export class LogShipper {
       close();
     }
   }
+}
+
+/** What names the app a line is of: its group, app and branch. */
+export type AppOfLine = Partial<Pick<LogLine, "group_slug" | "app_name" | "branch">>;
+
+/** The app a line counts against (see maxBufferedPerApp); null for a line of no app (the agent's own). */
+function appKey(line: AppOfLine): string | null {
+  if (!line.app_name) return null;
+  return `${line.group_slug ?? ""}\n${line.app_name}\n${line.branch ?? ""}`;
 }
 
 /** An app name as one subject token: NATS wildcards, separators and whitespace become `_`. */

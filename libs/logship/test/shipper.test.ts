@@ -109,7 +109,7 @@ describe("LogShipper", () => {
   });
 
   it("tells where lines were dropped once there is room, and lets a producer wait for room instead", async () => {
-    const shipper = new LogShipper({ bus, maxBuffered: 10, flushIntervalMs: 60_000 });
+    const shipper = new LogShipper({ bus, maxBuffered: 10, maxBufferedPerApp: 10, flushIntervalMs: 60_000 });
     const build = { source: "build" as const, app_name: "droppy", build_id: "b0b0b0b0-0000-4000-8000-000000000042" };
     expect(shipper.room()).toBeNull();
     for (let i = 0; i < 4; i++) shipper.ship({ ...build, message: `line ${i}` });
@@ -133,6 +133,45 @@ describe("LogShipper", () => {
       "line 25",
     ]);
     expect(lines[10]).toMatchObject({ level: "warning", build_id: build.build_id, metadata: { dropped_lines: 15 } });
+  });
+
+  it("drops a flooding app's lines past its share of the buffer, not another app's", async () => {
+    const shipper = new LogShipper({ bus, maxBuffered: 20, maxBufferedPerApp: 5, flushIntervalMs: 60_000 });
+    const noisy = { source: "container" as const, group_slug: "acme", app_name: "noisy", branch: "main" };
+    const quiet = { source: "container" as const, group_slug: "globex", app_name: "quiet", branch: "main" };
+    const flood = Array.from({ length: 30 }, (_, i) => shipper.ship({ ...noisy, message: `flood ${i}` }));
+    expect(flood.filter(Boolean)).toHaveLength(5);
+    // The same app name on another branch, another app, and the agent's own lines still get in.
+    expect(shipper.ship({ ...noisy, branch: "dev", message: "dev line" })).toBe(true);
+    expect(Array.from({ length: 3 }, (_, i) => shipper.ship({ ...quiet, message: `quiet ${i}` }))).toEqual([true, true, true]);
+    expect(shipper.ship({ source: "agent", message: "agent line" })).toBe(true);
+    expect(shipper.stats()).toMatchObject({ buffered: 10, dropped: 25 });
+    await shipper.flush();
+    // Published, the app has room again: its gap is told first.
+    expect(shipper.ship({ ...noisy, message: "after" })).toBe(true);
+    await shipper.close();
+    const noisyLines = (await messages(bus.subject(subjects.logs("noisy", "container")), 3)).flatMap((m) => decodeLogBatch(m.data).lines);
+    expect(noisyLines.filter((l) => l.branch === "main").map((l) => l.message)).toEqual([
+      ...Array.from({ length: 5 }, (_, i) => `flood ${i}`),
+      "[25 line(s) dropped here: the agent's log buffer was full]",
+      "after",
+    ]);
+    const quietLines = (await messages(bus.subject(subjects.logs("quiet", "container")), 1)).flatMap((m) => decodeLogBatch(m.data).lines);
+    expect(quietLines.map((l) => l.message)).toEqual(["quiet 0", "quiet 1", "quiet 2"]);
+  });
+
+  it("asks a producer to wait once its app has half its share waiting, while other apps go on", async () => {
+    const shipper = new LogShipper({ bus, maxBuffered: 100, maxBufferedPerApp: 8, flushIntervalMs: 60_000 });
+    const app = { group_slug: "acme", app_name: "waity", branch: "main" };
+    for (let i = 0; i < 4; i++) shipper.ship({ ...app, source: "build", message: `line ${i}` });
+    expect(shipper.room({ ...app, app_name: "other" })).toBeNull();
+    expect(shipper.room()).toBeNull();
+    const room = shipper.room(app);
+    expect(room).not.toBeNull();
+    await shipper.flush();
+    await room;
+    expect(shipper.room(app)).toBeNull();
+    await shipper.close();
   });
 
   it("counts and refuses invalid lines", async () => {
