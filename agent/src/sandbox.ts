@@ -12,7 +12,9 @@
  * must write is handed over to the tenant user (handOver), and the tenant fence (tenant-fence.ts)
  * can tell its connections from everyone else's. A seccomp filter (seccomp.ts) keeps it from
  * creating user namespaces, and a Landlock scope (landlock.ts) from abstract unix sockets and
- * signals outside its sandbox. A replica shares the host's network: it listens on its PORT for
+ * signals outside its sandbox. It runs at a lower CPU priority (TENANT_NICENESS) than the platform
+ * on the same host, which it cannot raise back, so a tenant spinning every core slows other
+ * tenants' code, not the agent, Postgres or NATS. A replica shares the host's network: it listens on its PORT for
  * Caddy. A build command gets a network namespace of its own where the host can make one
  * (own-network.ts), and the host's otherwise.
  *
@@ -50,8 +52,14 @@ export interface SandboxUser {
  * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts; the ports
  * it may bind, bindArgument, come next), empty when it cannot be done here (`scopeProblem`).
  */
+/**
+ * The nice value tenant code starts with: the kernel weighs a nice-10 process at about a tenth
+ * of a nice-0 one when the CPU is contended, and lends it every idle cycle otherwise.
+ */
+export const TENANT_NICENESS = 10;
+
 export type SandboxProbe =
-  | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string; scope: string[]; scopeProblem?: string }
+  | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string; scope: string[]; scopeProblem?: string; lower: string[] }
   | { ok: false; reason: string };
 
 /**
@@ -144,6 +152,7 @@ export async function probeSandbox(runAs: TenantUser | null = null): Promise<San
   const seccompProblem = filter ? await probe(user, filter) : `no seccomp filter is written for ${process.arch}`;
   const seccomp = seccompProblem ? null : filter;
   const shim = await landlockScope();
+  const nice = await findOnPath("nice");
   // Landlock needs no_new_privs, which only the drop to the tenant user sets.
   const scopeProblem = !user ? "commands do not run as the tenant user" : !shim ? "python3 is not on the system PATH" : await probe(user, seccomp, shim);
   return {
@@ -155,6 +164,7 @@ export async function probeSandbox(runAs: TenantUser | null = null): Promise<San
     ...(seccompProblem ? { seccompProblem } : {}),
     scope: scopeProblem ? [] : shim!,
     ...(scopeProblem ? { scopeProblem } : {}),
+    lower: nice ? [nice, "-n", String(TENANT_NICENESS)] : [],
   };
 }
 
@@ -296,14 +306,16 @@ interface SandboxHost {
   user: SandboxUser | null;
   seccomp: string | null;
   scope: string[];
+  /** The prefix that lowers the command's CPU priority (TENANT_NICENESS); empty without `nice`. */
+  lower: string[];
 }
 
-/** `argv` in the host's sandbox: bubblewrap (with a network of its own when `tool`), then the tenant user and the Landlock scope. */
+/** `argv` in the host's sandbox: bubblewrap (with a network of its own when `tool`), then a lower CPU priority, the tenant user and the Landlock scope. */
 function sandboxedArgv(host: SandboxHost, cmd: SandboxedCommand, hidden: Hidden, tool: OwnNetworkTool | null, argv: string[]): string[] {
   const args = [...sandboxArgs(cmd, hidden, host.user, host.seccomp !== null), ...(tool ? ownNetworkArgs(tool) : [])];
   // In a network of its own, a command binds what it likes: no port of the host's is there.
   const scope = host.scope.length > 0 ? [...host.scope, bindArgument(tool ? undefined : cmd.bindPorts)] : [];
-  return launch(host.bwrap, host.seccomp, [...args, "--", ...asUser(host.user), ...scope, ...argv]);
+  return launch(host.bwrap, host.seccomp, [...args, "--", ...host.lower, ...asUser(host.user), ...scope, ...argv]);
 }
 
 /** How to spawn a command wrapped with a network of its own: its stdio, and what to do once it is spawned. */
@@ -339,13 +351,14 @@ export class Sandbox {
         this.#logger?.warn({ reason: probe.reason }, `${this.#what} run without a sandbox`);
         return null;
       }
-      const { bwrap, user, seccomp, scope } = probe;
+      const { bwrap, user, seccomp, scope, lower } = probe;
       if (user) this.#logger?.info({ bwrap, uid: user.runAs.uid }, `${this.#what} run sandboxed with bubblewrap, as the tenant user`);
       else if (probe.userProblem) this.#logger?.warn({ bwrap, reason: probe.userProblem }, `${this.#what} run sandboxed with bubblewrap, but as the agent's own user`);
       else this.#logger?.info({ bwrap }, `${this.#what} run sandboxed with bubblewrap`);
       if (probe.seccompProblem) this.#logger?.warn({ reason: probe.seccompProblem }, `${this.#what} may create user namespaces, share ports and use the kernel keyring (no seccomp filter)`);
       if (probe.scopeProblem && user) this.#logger?.warn({ reason: probe.scopeProblem }, `${this.#what} may reach the host's abstract unix sockets (no Landlock scope)`);
-      return { bwrap, user, seccomp, scope };
+      if (lower.length === 0) this.#logger?.warn(`${this.#what} run at the platform's CPU priority (nice is not on PATH)`);
+      return { bwrap, user, seccomp, scope, lower };
     });
     return this.#host;
   }

@@ -9,7 +9,7 @@ import path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { freePorts } from "@platform/fleet";
-import { hostSecrets, probeSandbox, Sandbox } from "../src/sandbox.ts";
+import { hostSecrets, probeSandbox, Sandbox, TENANT_NICENESS } from "../src/sandbox.ts";
 
 const sandbox = await probeSandbox();
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
@@ -208,6 +208,16 @@ describe.skipIf(!sandbox.ok)(`what a sandboxed command can reach${noSandbox}`, (
     expect(await given([own])).toEqual({ own: "bound", other: "EACCES", ephemeral: "EACCES" });
     expect(await given([])).toEqual({ own: "EACCES", other: "EACCES", ephemeral: "EACCES" });
     expect(await given(undefined)).toEqual({ own: "bound", other: "bound", ephemeral: "bound" });
+  });
+
+  it("runs tenant code, and what it starts, at a lower CPU priority it cannot raise back", async () => {
+    const seen = await run(`
+      const os = require("node:os");
+      const raise = () => { try { os.setPriority(0); return "raised"; } catch (e) { return e.info?.code ?? e.code; } };
+      const child = require("node:child_process").spawnSync("nice", [], { encoding: "utf8" }).stdout.trim();
+      console.log(JSON.stringify({ nice: os.getPriority(), child, raise: raise(), after: os.getPriority() }));
+    `);
+    expect(seen).toEqual({ nice: TENANT_NICENESS, child: String(TENANT_NICENESS), raise: "EACCES", after: TENANT_NICENESS });
   });
 
   it.skipIf(noScope !== "")(`hands the command its environment as given, through the Landlock scope${noScope ? ` (skipped: ${noScope})` : ""}`, async () => {
