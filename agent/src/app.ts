@@ -126,8 +126,13 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
           return null;
         })
       : null;
-  void Promise.all([buildMemory.then(leftBehind), buildPids?.then(leftBehind)]).then(([memory = 0, pids = 0]) => {
-    if (memory + pids > 0) logger.info({ removed: memory + pids }, "cgroups of builds run by a stopped agent removed");
+  const buildCpu = probeCgroup("cpu").then((probe) => {
+    if (probe.ok) return probe.cgroup;
+    logger.warn({ reason: probe.reason }, "build commands share the CPU by process, not weighed together");
+    return null;
+  });
+  void Promise.all([buildMemory.then(leftBehind), buildPids?.then(leftBehind), buildCpu.then(leftBehind)]).then(([memory = 0, pids = 0, cpu = 0]) => {
+    if (memory + pids + cpu > 0) logger.info({ removed: memory + pids + cpu }, "cgroups of builds run by a stopped agent removed");
   });
   const load = new LoadSampler();
   const beat = async () => {
@@ -180,6 +185,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       sandbox: new Sandbox({ hide: hidden, runAs, logger, what: "build commands" }),
       memory: { limitMb: config.AGENT_BUILD_MEMORY_MB, cgroup: () => buildMemory },
       ...(buildPids ? { pids: { max: config.AGENT_PIDS_MAX, cgroup: () => buildPids } } : {}),
+      cpu: { cgroup: () => buildCpu },
     },
     deployer: runtime.deployer,
     resumable: runtime.resumable,

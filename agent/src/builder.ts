@@ -18,7 +18,7 @@ import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProto
 import { errorText } from "./error-text.ts";
 import { DEFAULT_PATH } from "./quiet-command.ts";
 import type { OwnNetwork, Sandbox } from "./sandbox.ts";
-import { createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
+import { createCpuCgroup, createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
 
 export interface BuildJob {
   action_id: string;
@@ -85,6 +85,8 @@ export interface BuildDeps {
    * Unbounded when absent or when the host has no usable pids cgroup.
    */
   pids?: { max: number; cgroup(): Promise<CgroupParent | null> };
+  /** Where each build command gets a cgroup weighing its processes together on the CPU (createCpuCgroup). */
+  cpu?: { cgroup(): Promise<CgroupParent | null> };
 }
 
 export interface BuildOutcome {
@@ -292,7 +294,9 @@ async function withLimits<R>(deps: BuildDeps, name: string, argv: string[], run:
   const memory = memoryParent && deps.memory ? await createMemoryCgroup(memoryParent, name, deps.memory.limitMb).catch(() => null) : null;
   const pidsParent = deps.pids ? await deps.pids.cgroup() : null;
   const pids = pidsParent && deps.pids ? await createPidsCgroup(pidsParent, name, deps.pids.max).catch(() => null) : null;
-  const cgroups = [...new Set([memory, pids].filter((c): c is string => c !== null))];
+  const cpuParent = deps.cpu ? await deps.cpu.cgroup() : null;
+  const cpu = cpuParent ? await createCpuCgroup(cpuParent, name).catch(() => null) : null;
+  const cgroups = [...new Set([memory, pids, cpu].filter((c): c is string => c !== null))];
   try {
     const outcome = await run(inCgroups(cgroups, argv));
     return { ...outcome, oomKilled: memory !== null && (await oomKillCount(memory)) > 0, pidsLimited: pids !== null && (await pidsLimitHits(pids)) > 0 };

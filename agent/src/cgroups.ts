@@ -5,7 +5,9 @@
  *   can tell apart from a crash;
  * - pids, bounding its processes and threads together, so that a fork bomb fails its own forks
  *   rather than the host's (every tenant runs as the one tenant user, whose process count no
- *   per-user limit could split between tenants).
+ *   per-user limit could split between tenants);
+ * - cpu, weighing the replica or build as a whole (TENANT_CPU_WEIGHT), so that tenants share the
+ *   CPU by app rather than by process, at the low priority their nice value gives each process.
  * v2 first (one cgroup holds both limits), v1 where that is all the host has (one hierarchy
  * each); probed at run time, since a container may not let the agent write either.
  */
@@ -13,7 +15,7 @@ import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promis
 import path from "node:path";
 import { errorText } from "./error-text.ts";
 
-export type Controller = "memory" | "pids";
+export type Controller = "memory" | "pids" | "cpu";
 
 /** Where a controller's limited cgroups are made: the agent's own cgroup in its hierarchy. */
 export interface CgroupParent {
@@ -27,7 +29,15 @@ export type CgroupProbe = { ok: true; cgroup: CgroupParent } | { ok: false; reas
 const UNLIMITED: Record<Controller, Record<1 | 2, [file: string, value: string]>> = {
   memory: { 1: ["memory.limit_in_bytes", "-1"], 2: ["memory.max", "max"] },
   pids: { 1: ["pids.max", "max"], 2: ["pids.max", "max"] },
+  cpu: { 1: ["cpu.shares", "1024"], 2: ["cpu.weight", "100"] },
 };
+
+/**
+ * The CPU weight of each replica's and build's cgroup: about that of one process at nice 10
+ * (TENANT_NICENESS) against the host's processes at nice 0 (1024 shares, weight 100), so that a
+ * tenant with many busy processes weighs no more than one.
+ */
+export const TENANT_CPU_WEIGHT: Record<1 | 2, [file: string, value: string]> = { 1: ["cpu.shares", "110"], 2: ["cpu.weight", "10"] };
 
 interface Mount {
   root: string;
@@ -234,6 +244,17 @@ export function createSocketCgroup(parent: CgroupParent, name: string): Promise<
 export async function createPidsCgroup(parent: CgroupParent, name: string, max: number): Promise<string> {
   const dir = await childCgroup(parent, name);
   await writeFile(path.join(dir, "pids.max"), String(max));
+  return dir;
+}
+
+/**
+ * A cgroup `platform-<name>` under `parent` weighing its processes together (TENANT_CPU_WEIGHT).
+ * On cgroup v2 it is the same cgroup as the memory one of that name.
+ */
+export async function createCpuCgroup(parent: CgroupParent, name: string): Promise<string> {
+  const dir = await childCgroup(parent, name);
+  const [file, value] = TENANT_CPU_WEIGHT[parent.version];
+  await writeFile(path.join(dir, file), value);
   return dir;
 }
 

@@ -24,6 +24,7 @@ const sandbox = await probeSandbox(TENANT);
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 const memoryCgroup = await probeCgroup("memory");
 const pidsCgroup = await probeCgroup("pids");
+const cpuCgroup = await probeCgroup("cpu");
 
 let dir: string;
 let repo: FixtureRepo;
@@ -321,6 +322,22 @@ it.skipIf(!pidsCgroup.ok)(`fails a build command that forks past the agent's pro
     await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
   } finally {
     await forky.cleanup();
+  }
+});
+
+it.skipIf(!cpuCgroup.ok)(`runs a build command in a cgroup weighing its processes together on the CPU${cpuCgroup.ok ? "" : ` (skipped: ${cpuCgroup.reason})`}`, async () => {
+  const weighed = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("cat /proc/self/cgroup") } });
+  try {
+    const cgroup = cpuCgroup.ok ? cpuCgroup.cgroup : null;
+    const lines: string[] = [];
+    const outcome = await runBuild({ ...job("main-0000000f", false), repository: weighed.url }, { ...deps(), cpu: { cgroup: async () => cgroup }, log: (l) => void lines.push(l.message) });
+    expect(outcome.status).toBe("completed");
+    // v1: the cpu hierarchy's line; v2: the one unified line. Either names the build's own cgroup.
+    const line = lines.find((l) => (cgroup!.version === 1 ? /^\d+:([^:]*,)?cpu(,[^:]*)?:/ : /^0::/).test(l));
+    expect(line).toMatch(/\/platform-build-b1-[^/]*$/);
+    await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
+  } finally {
+    await weighed.cleanup();
   }
 });
 

@@ -11,7 +11,7 @@ import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { ProcessDriver, probeHttpClient } from "../src/runtime/process.ts";
-import { probeCgroup, probeSocketCgroup } from "../src/cgroups.ts";
+import { TENANT_CPU_WEIGHT, probeCgroup, probeSocketCgroup } from "../src/cgroups.ts";
 import { probeSandbox } from "../src/sandbox.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
 import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
@@ -19,6 +19,7 @@ import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
 const sandbox = await probeSandbox();
 const memory = await probeCgroup("memory");
 const pids = await probeCgroup("pids");
+const cpu = await probeCgroup("cpu");
 const sockets = await probeSocketCgroup();
 const noSandbox = sandbox.ok ? "" : ` (skipped: ${sandbox.reason})`;
 const noMemory = memory.ok ? "" : ` (skipped: ${memory.reason})`;
@@ -446,6 +447,28 @@ describe("ProcessDriver limits", () => {
     expect(spawnSync("true").status).toBe(0);
     await driver.remove(spec.id);
     expect(existsSync(record.pidsCgroup)).toBe(false);
+  });
+
+  it.skipIf(!cpu.ok)(`weighs a replica's processes together on the CPU, at a tenant's weight, and removes the cgroup with it${cpu.ok ? "" : ` (skipped: ${cpu.reason})`}`, async () => {
+    const driver = newDriver();
+    const lines = output(driver);
+    // Two busy children and the replica itself: all in the one cgroup.
+    const script = `
+      const { spawn } = require("node:child_process");
+      for (let i = 0; i < 2; i++) spawn("sh", ["-c", "while :; do :; done"], { stdio: "ignore" });
+      console.log("spinning");
+      setInterval(() => undefined, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script));
+    await driver.start(spec);
+    const record = JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { cpuCgroup: string };
+    await until(() => lines.find((l) => l.line === "spinning"), "the replica's children", 15_000);
+    const [file, value] = TENANT_CPU_WEIGHT[cpu.ok ? cpu.cgroup.version : 2];
+    expect((await readFile(path.join(record.cpuCgroup, file), "utf8")).trim()).toBe(value);
+    const members = (await readFile(path.join(record.cpuCgroup, "cgroup.procs"), "utf8")).split("\n").filter(Boolean);
+    expect(members.length).toBeGreaterThanOrEqual(3);
+    await driver.remove(spec.id);
+    expect(existsSync(record.cpuCgroup)).toBe(false);
   });
 
   it.skipIf(!sockets.ok)(`runs a replica with a port in a cgroup v2 of its own, named to the fence before it starts, and removes it with the replica${sockets.ok ? "" : ` (skipped: ${sockets.reason})`}`, async () => {

@@ -17,7 +17,7 @@ import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, Runti
 import { errorText } from "../error-text.ts";
 import { DEFAULT_PATH, findOnPath } from "../quiet-command.ts";
 import { Sandbox, type TenantUser } from "../sandbox.ts";
-import { createMemoryCgroup, createPidsCgroup, createSocketCgroup, inCgroups, oomKillCount, probeCgroup, probeSocketCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
+import { createCpuCgroup, createMemoryCgroup, createPidsCgroup, createSocketCgroup, inCgroups, oomKillCount, probeCgroup, probeSocketCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -89,9 +89,16 @@ interface ReplicaRecord {
   oomBase: number;
   /** The cgroup v2 its sockets are known by (ownPort); absent in records of agents before it. */
   socketCgroup?: string | null;
+  /** The cgroup weighing its processes together on the CPU; absent in records of agents before it. */
+  cpuCgroup?: string | null;
   sandboxed: boolean;
   exit?: { code: number | null; signal: string | null; oomKilled: boolean; at: string };
   capability?: { httpClient: HttpClient; probedAt: string };
+}
+
+/** Every cgroup a replica was started in, each once (on cgroup v2 they are one). */
+function cgroupsOf(record: Pick<ReplicaRecord, "cgroup" | "pidsCgroup" | "socketCgroup" | "cpuCgroup">): string[] {
+  return [...new Set([record.cgroup, record.pidsCgroup, record.socketCgroup, record.cpuCgroup])].filter((c): c is string => !!c);
 }
 
 interface Cursor {
@@ -222,6 +229,7 @@ export class ProcessDriver implements RuntimeDriver {
   #memory: Promise<CgroupParent | null> | null = null;
   #pids: Promise<CgroupParent | null> | null = null;
   #sockets: Promise<CgroupParent | null> | null = null;
+  #cpu: Promise<CgroupParent | null> | null = null;
   readonly #ownPort: ProcessDriverOptions["ownPort"];
   #outputTimer: NodeJS.Timeout | null = null;
   #exitTimer: NodeJS.Timeout | null = null;
@@ -273,6 +281,15 @@ export class ProcessDriver implements RuntimeDriver {
         this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's pids cgroup; it runs without a process limit");
       }
     }
+    const cpu = await this.#cpuReady();
+    let cpuCgroup: string | null = null;
+    if (cpu) {
+      try {
+        cpuCgroup = await createCpuCgroup(cpu, spec.id);
+      } catch (err) {
+        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's cpu cgroup; its processes share the CPU one by one");
+      }
+    }
     const sockets = spec.port !== null && this.#ownPort ? await this.#socketsReady() : null;
     let socketCgroup: string | null = null;
     if (sockets) {
@@ -282,11 +299,11 @@ export class ProcessDriver implements RuntimeDriver {
         this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's socket cgroup; it cannot connect to its own port");
       }
     }
-    // On cgroup v2 the three are one cgroup.
-    const cgroups = [...new Set([cgroup, pidsCgroup, socketCgroup])].filter((c): c is string => c !== null);
+    // On cgroup v2 they are one cgroup.
+    const cgroups = cgroupsOf({ cgroup, pidsCgroup, socketCgroup, cpuCgroup });
 
-    for (const old of [previous?.record.cgroup, previous?.record.pidsCgroup, previous?.record.socketCgroup]) {
-      if (old && !cgroups.includes(old)) await removeCgroup(old).catch(() => undefined);
+    for (const old of previous ? cgroupsOf(previous.record) : []) {
+      if (!cgroups.includes(old)) await removeCgroup(old).catch(() => undefined);
     }
 
     // No --die-with-parent: replicas must outlive the agent.
@@ -342,6 +359,7 @@ export class ProcessDriver implements RuntimeDriver {
       pidsCgroup,
       oomBase,
       socketCgroup,
+      cpuCgroup,
       sandboxed: sandboxed.sandboxed,
       capability: { httpClient: await probeHttpClient(env.PATH ?? DEFAULT_PATH), probedAt: new Date().toISOString() },
     };
@@ -386,7 +404,7 @@ export class ProcessDriver implements RuntimeDriver {
       // Never adopted: its record still names its cgroups.
       record = await readFile(path.join(dir, "replica.json"), "utf8").then((text) => JSON.parse(text) as ReplicaRecord, () => null);
     }
-    for (const cgroup of new Set([record?.cgroup, record?.pidsCgroup, record?.socketCgroup])) if (cgroup) await removeCgroup(cgroup);
+    for (const cgroup of record ? cgroupsOf(record) : []) await removeCgroup(cgroup);
     this.#replicas.delete(replicaId);
     await rm(dir, { recursive: true, force: true });
   }
@@ -415,6 +433,7 @@ export class ProcessDriver implements RuntimeDriver {
     void this.#memoryReady();
     if (this.#pidsMax > 0) void this.#pidsReady();
     if (this.#ownPort) void this.#socketsReady();
+    void this.#cpuReady();
     const root = path.join(this.#runDir, "replicas");
     const ids = await readdir(root).catch(() => [] as string[]);
     const adopted: ReplicaState[] = [];
@@ -512,6 +531,15 @@ export class ProcessDriver implements RuntimeDriver {
       return null;
     });
     return this.#pids;
+  }
+
+  #cpuReady(): Promise<CgroupParent | null> {
+    this.#cpu ??= probeCgroup("cpu").then((probe) => {
+      if (probe.ok) return probe.cgroup;
+      this.#logger?.warn({ reason: probe.reason }, "replicas share the CPU by process, not weighed together");
+      return null;
+    });
+    return this.#cpu;
   }
 
   #socketsReady(): Promise<CgroupParent | null> {

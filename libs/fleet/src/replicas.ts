@@ -17,14 +17,15 @@ export async function stopReplicas(runDir: string): Promise<number> {
   const cgroups: string[] = [];
   for (const id of ids) {
     try {
-      const { pid, cgroup, pidsCgroup, socketCgroup } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as {
+      const { pid, cgroup, pidsCgroup, socketCgroup, cpuCgroup } = JSON.parse(await readFile(path.join(dir, id, "replica.json"), "utf8")) as {
         pid?: number;
         cgroup?: string | null;
         pidsCgroup?: string | null;
         socketCgroup?: string | null;
+        cpuCgroup?: string | null;
       };
-      // Memory, pids and the one its sockets are known by: one cgroup on cgroup v2, three on v1.
-      for (const c of new Set([cgroup, pidsCgroup, socketCgroup])) if (c) cgroups.push(c);
+      // Memory, pids, cpu and the one its sockets are known by: one cgroup on cgroup v2, four on v1.
+      for (const c of new Set([cgroup, pidsCgroup, socketCgroup, cpuCgroup])) if (c) cgroups.push(c);
       if (typeof pid === "number" && pid > 1) {
         process.kill(-pid, "SIGKILL");
         stopped++;
