@@ -273,32 +273,10 @@ export class ProcessDriver implements RuntimeDriver {
     }
 
     const pids = this.#pidsMax > 0 ? await this.#pidsReady() : null;
-    let pidsCgroup: string | null = null;
-    if (pids) {
-      try {
-        pidsCgroup = await createPidsCgroup(pids, spec.id, this.#pidsMax);
-      } catch (err) {
-        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's pids cgroup; it runs without a process limit");
-      }
-    }
-    const cpu = await this.#cpuReady();
-    let cpuCgroup: string | null = null;
-    if (cpu) {
-      try {
-        cpuCgroup = await createCpuCgroup(cpu, spec.id);
-      } catch (err) {
-        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's cpu cgroup; its processes share the CPU one by one");
-      }
-    }
+    const pidsCgroup = await this.#cgroupOf(spec, pids, (parent) => createPidsCgroup(parent, spec.id, this.#pidsMax), "pids", "it runs without a process limit");
+    const cpuCgroup = await this.#cgroupOf(spec, await this.#cpuReady(), (parent) => createCpuCgroup(parent, spec.id), "cpu", "its processes share the CPU one by one");
     const sockets = spec.port !== null && this.#ownPort ? await this.#socketsReady() : null;
-    let socketCgroup: string | null = null;
-    if (sockets) {
-      try {
-        socketCgroup = await createSocketCgroup(sockets, spec.id);
-      } catch (err) {
-        this.#logger?.warn({ replica: spec.id, err: errorText(err) }, "could not create the replica's socket cgroup; it cannot connect to its own port");
-      }
-    }
+    const socketCgroup = await this.#cgroupOf(spec, sockets, (parent) => createSocketCgroup(parent, spec.id), "socket", "it cannot connect to its own port");
     // On cgroup v2 they are one cgroup.
     const cgroups = cgroupsOf({ cgroup, pidsCgroup, socketCgroup, cpuCgroup });
 
@@ -531,6 +509,17 @@ export class ProcessDriver implements RuntimeDriver {
       return null;
     });
     return this.#pids;
+  }
+
+  /** A cgroup of the replica's under `parent`; null, said in the log, when none can be made there: the replica runs without what it gives. */
+  async #cgroupOf(spec: ReplicaSpec, parent: CgroupParent | null, create: (parent: CgroupParent) => Promise<string>, what: string, without: string): Promise<string | null> {
+    if (!parent) return null;
+    try {
+      return await create(parent);
+    } catch (err) {
+      this.#logger?.warn({ replica: spec.id, err: errorText(err) }, `could not create the replica's ${what} cgroup; ${without}`);
+      return null;
+    }
   }
 
   #cpuReady(): Promise<CgroupParent | null> {
