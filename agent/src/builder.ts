@@ -438,6 +438,9 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       await chmod(workspace, 0o711);
       await deps.sandbox.handOver([src, home]);
     }
+    // Room is asked for in the share of the log buffer of the app built.
+    const built = { group_slug: job.group_slug, app_name: job.app_name, branch: job.branch };
+    const logRoom = deps.logRoom && (() => deps.logRoom!(built));
     for (const [name, service] of Object.entries(config.services ?? {})) {
       if (!service.build) continue;
       await enter(`build:${name}`);
@@ -452,7 +455,7 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
           env: buildEnv(job, home),
           deadline,
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
-          room: deps.logRoom && (() => deps.logRoom!({ group_slug: job.group_slug, app_name: job.app_name, branch: job.branch })),
+          room: logRoom,
           network: wrapped?.network,
         }),
       );

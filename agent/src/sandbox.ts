@@ -46,18 +46,19 @@ export interface SandboxUser {
 }
 
 /**
- * `user`: how commands become the tenant user, null when they run as the agent's own (with
- * `userProblem` saying why, when the tenant user was asked for). `seccomp`: the file of the
- * seccomp filter (seccomp.ts) commands run under, null when none could be used (`seccompProblem`).
- * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts; the ports
- * it may bind, bindArgument, come next), empty when it cannot be done here (`scopeProblem`).
- */
-/**
  * The nice value tenant code starts with: the kernel weighs a nice-10 process at about a tenth
  * of a nice-0 one when the CPU is contended, and lends it every idle cycle otherwise.
  */
 export const TENANT_NICENESS = 10;
 
+/**
+ * `user`: how commands become the tenant user, null when they run as the agent's own (with
+ * `userProblem` saying why, when the tenant user was asked for). `seccomp`: the file of the
+ * seccomp filter (seccomp.ts) commands run under, null when none could be used (`seccompProblem`).
+ * `scope`: the prefix that puts a command in a Landlock domain of its own (landlock.ts; the ports
+ * it may bind, bindArgument, come next), empty when it cannot be done here (`scopeProblem`).
+ * `lower`: the prefix that starts it at TENANT_NICENESS, empty without `nice` on PATH.
+ */
 export type SandboxProbe =
   | { ok: true; bwrap: string; user: SandboxUser | null; userProblem?: string; seccomp: string | null; seccompProblem?: string; scope: string[]; scopeProblem?: string; lower: string[] }
   | { ok: false; reason: string };

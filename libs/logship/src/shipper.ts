@@ -98,13 +98,14 @@ export class LogShipper {
    * or refused by validation.
    */
   ship(input: LogLineInput): boolean {
-    if (this.#closed || this.buffered >= this.#maxBuffered || this.#appFull(appKey(this.#appOf(input)))) {
+    const app = this.#appKeyOf(input);
+    if (this.#closed || this.buffered >= this.#maxBuffered || this.#appFull(app)) {
       this.#stats.dropped++;
       if (!this.#closed) this.#noteDropped(input);
       return false;
     }
     if (this.#droppedBy.size > 0) this.#tellDropped();
-    return this.#accept(input);
+    return this.#accept(input, app);
   }
 
   /**
@@ -120,14 +121,11 @@ export class LogShipper {
     return new Promise((resolve) => this.#roomWaiters.push({ app, wake: resolve }));
   }
 
-  /** The app of a line as it will be stamped: its own fields, else the shipper's defaults. */
-  #appOf(input: LogLineInput): AppOfLine {
-    const d = this.#defaults ?? {};
-    return {
-      group_slug: input.group_slug !== undefined ? input.group_slug : d.group_slug,
-      app_name: input.app_name !== undefined ? input.app_name : d.app_name,
-      branch: input.branch !== undefined ? input.branch : d.branch,
-    };
+  /** The app (appKey) of a line as it will be stamped: its own fields, else the shipper's defaults. */
+  #appKeyOf(input: LogLineInput): string | null {
+    const d = this.#defaults;
+    const field = <K extends keyof AppOfLine>(k: K) => (input[k] !== undefined ? input[k] : d?.[k]);
+    return appKey({ group_slug: field("group_slug"), app_name: field("app_name"), branch: field("branch") });
   }
 
   #waitingOf(app: string): number {
@@ -138,15 +136,15 @@ export class LogShipper {
     return app !== null && this.#waitingOf(app) >= this.#maxPerApp;
   }
 
-  #count(line: ValidLogLine, by: 1 | -1): void {
-    const app = appKey(line);
+  #count(app: string | null, by: 1 | -1): void {
     if (app === null) return;
     const n = this.#waitingOf(app) + by;
     if (n > 0) this.#byApp.set(app, n);
     else this.#byApp.delete(app);
   }
 
-  #accept(input: LogLineInput): boolean {
+  /** `app`: the line's appKeyOf, counted against its app's share once the line is buffered. */
+  #accept(input: LogLineInput, app: string | null): boolean {
     const result = validateLogLine({
       ...this.#defaults,
       ...stripUndefined(input),
@@ -160,7 +158,7 @@ export class LogShipper {
       return false;
     }
     this.#pending.push(result.line);
-    this.#count(result.line, 1);
+    this.#count(app, 1);
     if (this.#pending.length >= this.#batchLines) void this.flush();
     return true;
   }
@@ -181,7 +179,8 @@ export class LogShipper {
   #tellDropped(): void {
     for (const [key, { line, count }] of this.#droppedBy) {
       if (this.buffered >= this.#maxBuffered) return;
-      if (this.#appFull(appKey(this.#appOf(line)))) continue;
+      const app = this.#appKeyOf(line);
+      if (this.#appFull(app)) continue;
       this.#droppedBy.delete(key);
       this.#accept({
         ...line,
@@ -189,7 +188,7 @@ export class LogShipper {
         level: "warning",
         message: `[${count} line(s) dropped here: the agent's log buffer was full]`,
         metadata: { ...line.metadata, dropped_lines: count },
-      });
+      }, app);
     }
   }
 
@@ -264,7 +263,7 @@ export class LogShipper {
       }
       this.#batches.shift();
       this.#batchedLines -= batch.lines.length;
-      for (const line of batch.lines) this.#count(line, -1);
+      for (const line of batch.lines) this.#count(appKey(line), -1);
       this.#stats.published += batch.lines.length;
       if (this.#droppedBy.size > 0) this.#tellDropped();
       this.#wakeRoomWaiters();
