@@ -11,6 +11,8 @@ declare module "fastify" {
   interface FastifyContextConfig {
     /** A body past the gateway's limit is this route's 422 `too_large`, not 413 (the config save). */
     tooLargeIs422?: boolean;
+    /** Every validation failure of this route (its schema's, the body's bounds, a service's) is 400, not 422 (POST /api/deployments: "400 validation"). */
+    invalidIs400?: boolean;
   }
 }
 
@@ -73,13 +75,14 @@ function drainRejectedBody(raw: IncomingMessage): Promise<void> {
 
 export function registerErrorHandling(app: FastifyInstance): void {
   app.setErrorHandler(async (err: FastifyError, request, reply) => {
+    const invalid = request.routeOptions.config?.invalidIs400 ? 400 : 422;
     const platform = platformErrorOf(err);
     if (platform) {
       if (platform.status >= 500) request.log.error({ err }, "request failed");
-      return reply.code(platform.status).send({ detail: platform.detail });
+      return reply.code(platform.status === 422 ? invalid : platform.status).send({ detail: platform.detail });
     }
     if (err.validation) {
-      return reply.code(422).send({
+      return reply.code(invalid).send({
         detail: { code: "invalid_request", message: validationMessage(err), errors: err.validation.map((v) => ({ path: v.instancePath, message: v.message })) },
       });
     }

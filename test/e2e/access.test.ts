@@ -277,20 +277,22 @@ describe("bad input", () => {
     expect(await r.json()).toEqual({ detail: expect.stringContaining("too large") });
   });
 
-  it("refuses a number too large to represent with 422, not a server error", async () => {
-    for (const [path, body] of [
-      ["/apps", '{"app_name":"huge","repository":"https://example.com/a.git","deploy_config":{"x":1e400}}'],
-      ["/apps/nothing/config", '{"config":{"type":"container","x":-2E+999}}'],
+  it("refuses a number too large to represent with 422 (400 where the route says validation is 400), not a server error", async () => {
+    for (const [method, path, body, status] of [
+      ["POST", "/apps", '{"app_name":"huge","repository":"https://example.com/a.git","deploy_config":{"x":1e400}}', 422],
+      ["PUT", "/apps/nothing/config", '{"config":{"type":"container","x":-2E+999}}', 422],
+      ["POST", "/deployments", '{"app_name":"huge","x":1e400}', 400],
     ] as const) {
-      const r = await fetch(`${api}${path}`, { method: path === "/apps" ? "POST" : "PUT", headers: { authorization: `Bearer ${root}`, "content-type": "application/json" }, body });
-      expect(r.status, path).toBe(422);
+      const r = await fetch(`${api}${path}`, { method, headers: { authorization: `Bearer ${root}`, "content-type": "application/json" }, body });
+      expect(r.status, path).toBe(status);
       expect(((await r.json()) as { detail: { code: string } }).detail.code).toBe("number_out_of_range");
     }
   });
 
   it("refuses a field a route does not know with 422 naming it, instead of dropping it", async () => {
+    // POST /api/deployments answers its validation failures 400 (doc 1 section 4.5); the others 422.
     const deploy = await call(api, "POST", "/deployments", { credential: root, body: { app_name: "nothing", replicas: 3 } });
-    expect(deploy).toMatchObject({ status: 422, body: { detail: { code: "invalid_request" } } });
+    expect(deploy).toMatchObject({ status: 400, body: { detail: { code: "invalid_request" } } });
     expect(deploy.body.detail.message).toMatch(/replicas is not allowed/);
     const scale = await call(api, "PATCH", "/apps/nothing/services/web/replicas", { credential: root, body: { replicas: 2, brnach: "dev" } });
     expect(scale.status).toBe(422);

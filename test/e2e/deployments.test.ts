@@ -226,20 +226,25 @@ describe("a build deployed by the agent", () => {
     const before = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total;
     const undeclared = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: ["web", "nope"] } });
     expect(undeclared).toMatchObject({ status: 400, body: { detail: { code: "service_not_declared", services: ["nope"] } } });
-    expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: [123] } })).status).toBe(422);
+    // Doc 1 section 4.5: "400 validation", the schema's refusals included.
+    const notNames = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, services: [123] } });
+    expect(notNames).toMatchObject({ status: 400, body: { detail: { code: "invalid_request", message: expect.stringContaining("services") } } });
+    expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, replicas: 2 } })).status).toBe(400);
+    expect((await call(api, "POST", "/deployments", { credential: acme, body: { branch: "main" } })).status).toBe(400);
+    expect((await call(api, "POST", "/deployments?skip_preflight=perhaps", { credential: acme, body: { app_name: APP } })).status).toBe(400);
     const staticOnly = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, spa_fallback: true } });
     expect(staticOnly).toMatchObject({ status: 400, body: { detail: { code: "static_site_fields", fields: ["spa_fallback"] } } });
     expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
     expect((await getApp()).deploy_status).toBe("running");
   });
 
-  it("places a deploy on the host an operator's placement plan names; a tenant's plan is 403 and an unknown host 422, nothing queued", async () => {
+  it("places a deploy on the host an operator's placement plan names; a tenant's plan is 403 and an unknown host 400, nothing queued", async () => {
     const before = (await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total;
     const tenant = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP, placement_plan: { host: "anywhere" } } });
     expect(tenant).toMatchObject({ status: 403, body: { detail: expect.stringContaining("placement_plan is for platform operators") } });
     const asOperator = (body: Record<string, unknown>) => call(api, "POST", "/deployments?group=acme", { credential: fleet.rootKey, body: { app_name: APP, ...body } });
-    expect(await asOperator({ placement_plan: { host: "no-such-host" } })).toMatchObject({ status: 422, body: { detail: expect.stringContaining("no agent host") } });
-    expect((await asOperator({ placement_plan: { zone: "eu" } })).status).toBe(422);
+    expect(await asOperator({ placement_plan: { host: "no-such-host" } })).toMatchObject({ status: 400, body: { detail: expect.stringContaining("no agent host") } });
+    expect((await asOperator({ placement_plan: { zone: "eu" } })).status).toBe(400);
     expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(before);
 
     const latest = (await call(api, "GET", `/deployments?app_name=${APP}&group=acme`, { credential: fleet.rootKey })).body.items[0];

@@ -97,6 +97,9 @@ const page = {
   offset: offsetParam,
 } as const;
 
+/** POST /api/deployments answers validation 400 (doc 1 section 4.5), never 422. */
+const { 422: _validation, ...accessErrors } = authErrors;
+
 const idParams = {
   type: "object",
   properties: { deployment_id: { type: "string", description: "The id or a prefix of at least 8 hex-or-hyphen characters." } },
@@ -107,12 +110,13 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
   app.post(
     "/api/deployments",
     {
-      config: { access: { scope: "deploy" } },
+      config: { access: { scope: "deploy" }, invalidIs400: true },
       schema: {
         tags: ["deployments"],
         summary: "Queue a deployment of a built image (default: the branch's latest successful build).",
         description:
-          "400 when the tag has no successful build; 404 app not in scope; 409 quarantined by preflight, or the app and branch exist in several groups " +
+          "400 for every validation failure: a body or query the schema refuses, no successful build for the tag, a service the release does not declare, " +
+          "static-site fields for an app that is not static, a placement plan naming no agent host; 404 app not in scope; 409 quarantined by preflight, or the app and branch exist in several groups " +
           "(callers seeing every group: retry with ?group=). The agent starts the new colour beside the old, health-checks it, flips the route (the swap commit) and stops the old colour.",
         querystring: { type: "object", properties: { ...commonQuery, skip_preflight: { type: "boolean", default: false } } },
         body: {
@@ -130,7 +134,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
               type: "object",
               additionalProperties: true,
               description:
-                "Platform operators only (403 for anyone else): `{host}`, the agent host id to deploy on (422 for another key or a host the platform has never heard from). " +
+                "Platform operators only (403 for anyone else): `{host}`, the agent host id to deploy on (400 for another key or a host the platform has never heard from). " +
                 "A host that is not live and schedulable is passed over: the deploy is placed as usual and its `deploy_warnings` say so.",
             },
             aliases: {
@@ -160,8 +164,9 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
             },
             required: ["deployment_id", "action_id", "status", "pg_id"],
           },
-          ...authErrors,
+          ...accessErrors,
           ...bodyErrors,
+          400: refusal("Validation failed (`{detail: {code: invalid_request, message, errors}}` for the schema's refusals), or malformed JSON."),
           409: refusal("`preflight_quarantined`, with the remediation; or the app and branch exist in several groups and the caller sees every group (retry with ?group=). Nothing queued."),
         },
       },

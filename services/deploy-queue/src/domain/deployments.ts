@@ -125,7 +125,7 @@ export async function queueDeployment(
 ): Promise<Action> {
   const plan = input.placementPlan;
   if (plan && !(await em.findOne(Agent, { hostId: plan.host }, { fields: ["hostId"] }))) {
-    throw PlatformError.invalid(`placement_plan.host '${plan.host}' is no agent host of this platform.`);
+    throw PlatformError.badRequest(`placement_plan.host '${plan.host}' is no agent host of this platform.`);
   }
   const id = randomUUID();
   const build = release.buildId ? await em.findOne(Action, { id: release.buildId }) : null;

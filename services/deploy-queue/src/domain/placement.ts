@@ -34,16 +34,17 @@ export interface PlacementPlan {
 
 /**
  * A placement plan is for platform operators (403 for anyone else): the platform places a
- * tenant's deploys. Its one key is `host`, an agent's host id (422 otherwise).
+ * tenant's deploys. Its one key is `host`, an agent's host id (400 otherwise: POST /api/deployments
+ * answers every validation failure 400).
  */
 export function checkPlacementPlan(caller: Caller, raw: unknown): PlacementPlan | null {
   if (raw === null || raw === undefined) return null;
   if (!caller.platformOperator) throw PlatformError.forbidden("placement_plan is for platform operators: the platform places a tenant's deploys.");
-  if (typeof raw !== "object" || Array.isArray(raw)) throw PlatformError.invalid('placement_plan must be an object such as {"host": "<agent host id>"}.');
+  if (typeof raw !== "object" || Array.isArray(raw)) throw PlatformError.badRequest('placement_plan must be an object such as {"host": "<agent host id>"}.');
   const unknown = Object.keys(raw).filter((k) => k !== "host");
-  if (unknown.length > 0) throw PlatformError.invalid(`placement_plan takes only host; it has ${unknown.map((k) => `'${k}'`).join(", ")}.`);
+  if (unknown.length > 0) throw PlatformError.badRequest(`placement_plan takes only host; it has ${unknown.map((k) => `'${k}'`).join(", ")}.`);
   const host = "host" in raw && typeof raw.host === "string" ? raw.host.trim() : "";
-  if (!host) throw PlatformError.invalid("placement_plan.host must be the host id of an agent.");
+  if (!host) throw PlatformError.badRequest("placement_plan.host must be the host id of an agent.");
   return { host };
 }
 
