@@ -284,12 +284,12 @@ async function killLeftovers(run: string): Promise<void> {
 }
 
 /**
- * Runs `argv` (through `run`) in cgroups `name` of its own, a memory one and a pids one, where the
- * agent has the limit and the host a usable cgroup; answers the run's outcome, whether it was
+ * Makes cgroups `name` of a command's own (memory, pids and cpu), where the agent has the limit
+ * and the host a usable cgroup, and has `run` run the command in them; answers its outcome, whether it was
  * OOM-killed and whether a fork hit the process limit. A cgroup that cannot be made leaves the
  * command unlimited in that respect rather than failing the build, as for replicas.
  */
-async function withLimits<R>(deps: BuildDeps, name: string, argv: string[], run: (argv: string[]) => Promise<R>): Promise<R & { oomKilled: boolean; pidsLimited: boolean }> {
+async function withLimits<R>(deps: BuildDeps, name: string, run: (cgroups: string[]) => Promise<R>): Promise<R & { oomKilled: boolean; pidsLimited: boolean }> {
   const memoryParent = deps.memory ? await deps.memory.cgroup() : null;
   const memory = memoryParent && deps.memory ? await createMemoryCgroup(memoryParent, name, deps.memory.limitMb).catch(() => null) : null;
   const pidsParent = deps.pids ? await deps.pids.cgroup() : null;
@@ -298,7 +298,7 @@ async function withLimits<R>(deps: BuildDeps, name: string, argv: string[], run:
   const cpu = cpuParent ? await createCpuCgroup(cpuParent, name).catch(() => null) : null;
   const cgroups = [...new Set([memory, pids, cpu].filter((c): c is string => c !== null))];
   try {
-    const outcome = await run(inCgroups(cgroups, argv));
+    const outcome = await run(cgroups);
     return { ...outcome, oomKilled: memory !== null && (await oomKillCount(memory)) > 0, pidsLimited: pids !== null && (await pidsLimitHits(pids)) > 0 };
   } finally {
     // Not waited for: a cgroup whose processes were just killed stays busy for a moment, and the
@@ -447,18 +447,17 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
-      const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true, bindPorts: [] }) : null;
-      const argv = wrapped?.argv ?? command;
-      const run = await withLimits(deps, `build-${job.build_id}-${name}`, argv, (limited) =>
-        runCommand(limited, {
+      const run = await withLimits(deps, `build-${job.build_id}-${name}`, async (cgroups) => {
+        const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true, bindPorts: [], cgroups }) : null;
+        return runCommand(inCgroups(cgroups, wrapped?.argv ?? command), {
           cwd: src,
           env: buildEnv(job, home),
           deadline,
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
           room: logRoom,
           network: wrapped?.network,
-        }),
-      );
+        });
+      });
       if (run.networkProblem) throw new BuildFailure(`The build command of service ${name} could not be given its network: ${run.networkProblem}`);
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0 && run.oomKilled) {

@@ -191,6 +191,12 @@ export interface SandboxedCommand {
    */
   bindPorts?: number[];
   /**
+   * The cgroups the command runs in: of the host's cgroup tree, the only ones it sees (read-only,
+   * as its runtime reads its own limits there). The rest is hidden: the other replicas' and builds'
+   * cgroups are named after their groups and apps, and show what they use.
+   */
+  cgroups?: string[];
+  /**
    * Whether the command dies with the agent. A build does (the agent that would collect its
    * output is gone); a replica must outlive the agent, so it does not.
    */
@@ -326,6 +332,9 @@ export interface OwnNetwork {
   attach(child: ChildProcess): Promise<void>;
 }
 
+/** The host's cgroup tree, hidden in the sandbox but for the command's own cgroups. */
+const CGROUP_ROOT = "/sys/fs/cgroup";
+
 /** One host's sandbox for one kind of tenant code: probed once, then wraps each command. */
 export class Sandbox {
   readonly #hide: string[];
@@ -387,7 +396,7 @@ export class Sandbox {
   async wrap(argv: string[], cmd: SandboxedCommand): Promise<{ argv: string[]; sandboxed: boolean; network: OwnNetwork | null }> {
     const host = await this.ready();
     if (!host) return { argv, sandboxed: false, network: null };
-    const hidden = await this.#hidden(cmd.writable, host.user !== null);
+    const hidden = await this.#hidden(cmd.writable, host.user !== null, cmd.cgroups ?? []);
     const tool = cmd.ownNetwork ? await this.#ownNetwork(host) : null;
     const network = tool ? { stdio: ownNetworkStdio, attach: (child: ChildProcess) => attachOwnNetwork(child, tool) } : null;
     return { argv: sandboxedArgv(host, cmd, hidden, tool, argv), sandboxed: true, network };
@@ -425,16 +434,16 @@ export class Sandbox {
    * to what it must reach (`reach`: its writable paths, and what must stay readable) is hidden
    * too: the tenant user could not walk through it, and what it holds is private to root anyway.
    */
-  async #hidden(reach: string[], asTenant: boolean): Promise<Hidden> {
+  async #hidden(reach: string[], asTenant: boolean, cgroups: string[]): Promise<Hidden> {
     const found = new Map<string, boolean>();
-    for (const p of this.#hide) {
+    for (const p of [...this.#hide, CGROUP_ROOT]) {
       const real = await realpath(p).catch(() => null);
       if (!real || real === "/") continue;
       const st = await stat(real).catch(() => null);
       if (st) found.set(real, st.isDirectory());
     }
     const candidates: string[] = [];
-    for (const p of mustStayReadable()) {
+    for (const p of [...mustStayReadable(), ...cgroups]) {
       const real = await realpath(p).catch(() => null);
       if (real && (await stat(real).catch(() => null))) candidates.push(real);
     }

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { existsSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, rmdir, stat, symlink, writeFile } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -325,18 +325,23 @@ it.skipIf(!pidsCgroup.ok)(`fails a build command that forks past the agent's pro
   }
 });
 
-it.skipIf(!cpuCgroup.ok)(`runs a build command in a cgroup weighing its processes together on the CPU${cpuCgroup.ok ? "" : ` (skipped: ${cpuCgroup.reason})`}`, async () => {
-  const weighed = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("cat /proc/self/cgroup") } });
+it.skipIf(!cpuCgroup.ok)(`runs a build command in a cgroup weighing its processes together on the CPU, where it sees no other cgroup${cpuCgroup.ok ? "" : ` (skipped: ${cpuCgroup.reason})`}`, async () => {
+  const cgroup = cpuCgroup.ok ? cpuCgroup.cgroup : null;
+  // Another tenant's build, as far as the cgroup tree tells.
+  const other = path.join(cgroup!.dir, `platform-build-other-${process.pid}`);
+  await mkdir(other);
+  const weighed = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy(`cat /proc/self/cgroup; echo listed=$(ls ${cgroup!.dir})`) } });
   try {
-    const cgroup = cpuCgroup.ok ? cpuCgroup.cgroup : null;
     const lines: string[] = [];
     const outcome = await runBuild({ ...job("main-0000000f", false), repository: weighed.url }, { ...deps(), cpu: { cgroup: async () => cgroup }, log: (l) => void lines.push(l.message) });
     expect(outcome.status).toBe("completed");
     // v1: the cpu hierarchy's line; v2: the one unified line. Either names the build's own cgroup.
     const line = lines.find((l) => (cgroup!.version === 1 ? /^\d+:([^:]*,)?cpu(,[^:]*)?:/ : /^0::/).test(l));
     expect(line).toMatch(/\/platform-build-b1-[^/]*$/);
+    if (sandbox.ok) expect(lines.find((l) => l.startsWith("listed="))).toBe(`listed=${path.basename(line!)}`);
     await expect.poll(async () => (await readdir(cgroup!.dir)).filter((d) => d.startsWith("platform-build-b1-")), { timeout: 5_000 }).toEqual([]);
   } finally {
+    await rmdir(other);
     await weighed.cleanup();
   }
 });

@@ -449,6 +449,35 @@ describe("ProcessDriver limits", () => {
     expect(existsSync(record.pidsCgroup)).toBe(false);
   });
 
+  it.skipIf(!memory.ok || !sandbox.ok)(`shows a sandboxed replica its own cgroups, read-only, and none of another replica's${noMemory || noSandbox}`, async () => {
+    const driver = newDriver();
+    const lines = output(driver);
+    const other = makeSpec(nodeCommand("setInterval(() => undefined, 1000)"), { memoryMb: 96 });
+    await driver.start(other);
+    const otherCgroup = (JSON.parse(await readFile(path.join(runDir, "replicas", other.id, "replica.json"), "utf8")) as { cgroup: string }).cgroup;
+    const script = `
+      const fs = require("node:fs");
+      const attempt = (f) => { try { return String(f()); } catch (e) { return e.code; } };
+      const own = /^\\d+:memory:(.*)$/m.exec(fs.readFileSync("/proc/self/cgroup", "utf8"))?.[1]
+        ?? /^0::(.*)$/m.exec(fs.readFileSync("/proc/self/cgroup", "utf8"))[1];
+      const dir = fs.existsSync("/sys/fs/cgroup/memory") ? "/sys/fs/cgroup/memory" + own : "/sys/fs/cgroup" + own;
+      const limit = fs.existsSync(dir + "/memory.max") ? dir + "/memory.max" : dir + "/memory.limit_in_bytes";
+      console.log(JSON.stringify({
+        constrained: process.constrainedMemory(),
+        siblings: fs.readdirSync(require("node:path").dirname(dir)),
+        other: fs.existsSync(${JSON.stringify(otherCgroup)}),
+        write: attempt(() => fs.writeFileSync(limit, "max")),
+      }));
+      setInterval(() => undefined, 1000);
+    `;
+    const spec = makeSpec(nodeCommand(script), { memoryMb: 64 });
+    await driver.start(spec);
+    const cgroup = (JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { cgroup: string }).cgroup;
+    const said = JSON.parse((await until(() => lines.find((l) => l.line.startsWith("{")), "the replica's view", 15_000)).line);
+    expect(said).toEqual({ constrained: 64 * 1024 * 1024, siblings: [path.basename(cgroup)], other: false, write: "EROFS" });
+    expect(existsSync(otherCgroup)).toBe(true);
+  });
+
   it.skipIf(!cpu.ok)(`weighs a replica's processes together on the CPU, at a tenant's weight, and removes the cgroup with it${cpu.ok ? "" : ` (skipped: ${cpu.reason})`}`, async () => {
     const driver = newDriver();
     const lines = output(driver);

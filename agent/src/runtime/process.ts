@@ -290,6 +290,7 @@ export class ProcessDriver implements RuntimeDriver {
       chdir: releaseDir,
       dieWithParent: false,
       bindPorts: spec.port === null ? [] : [spec.port],
+      cgroups,
     });
     const argv = inCgroups(cgroups, sandboxed.argv);
     if (socketCgroup !== null && spec.port !== null) this.#ownPort?.(socketCgroup, spec.port);
