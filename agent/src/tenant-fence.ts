@@ -94,7 +94,6 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; portTtlS?:
     `add set ${t} replica_ports { type inet_service; flags timeout; }`,
     `add set ${t} denied4 { type ipv4_addr; flags interval; auto-merge; }`,
     `add set ${t} denied6 { type ipv6_addr; flags interval; auto-merge; }`,
-    ...elements("router_ports", OPEN_LOCAL_PORTS),
     ...renewed(t, "router_ports", spec.routerPorts, ttl),
     ...renewed(t, "replica_ports", spec.replicaPorts, ttl),
     // Denying more than an agent asks for (another's, or an earlier config's) opens nothing.
@@ -107,7 +106,9 @@ export function fenceRuleset(spec: FenceSpec, opts: { fresh: boolean; portTtlS?:
     // Only sockets the tenant user owns: packets without a socket (the kernel's own) never jump.
     `add rule ${t} output meta skuid ${spec.uid} jump tenant`,
     `add rule ${t} tenant ct state established,related accept`,
-    `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport @router_ports accept`,
+    `add rule ${t} tenant fib daddr type local meta l4proto { tcp, udp } th dport { ${OPEN_LOCAL_PORTS.join(", ")} } accept`,
+    // TCP alone: over UDP a tenant listening on the router's port number would hear the others.
+    `add rule ${t} tenant fib daddr type local meta l4proto tcp th dport @router_ports accept`,
     `add rule ${t} tenant fib daddr type local reject`,
     // A broadcast or multicast send reaches the host's own listeners too (no ICMP answers one:
     // dropped, the send fails with EPERM).

@@ -46,7 +46,8 @@ describe("fenceRuleset", () => {
     const rules = fenceRuleset({ uid: 61000, routerPorts: [8480], replicaPorts: [41000, 41000], deniedNets: ["10.1.0.0/16", "fd00::/8", "10.1.0.0/16"] }, { fresh: false });
     expect(rules).toContain("add table inet platform_tenant_61000");
     expect(rules).not.toContain("delete table");
-    expect(rules).toContain("add element inet platform_tenant_61000 router_ports { 53 }");
+    expect(rules).toContain("add rule inet platform_tenant_61000 tenant fib daddr type local meta l4proto { tcp, udp } th dport { 53 } accept");
+    expect(rules).toContain("add rule inet platform_tenant_61000 tenant fib daddr type local meta l4proto tcp th dport @router_ports accept");
     expect(rules).toContain("add element inet platform_tenant_61000 router_ports { 8480 timeout 300s }");
     expect(rules).toContain("add element inet platform_tenant_61000 denied4 { 169.254.0.0/16, 224.0.0.0/4, 255.255.255.255, 10.1.0.0/16 }");
     expect(rules).toContain("add element inet platform_tenant_61000 denied6 { fe80::/10, ff00::/8, fd00::/8 }");
@@ -225,6 +226,27 @@ describe.skipIf(skip !== "")(`what tenant code can connect to behind the fence${
     expect(JSON.parse(stdout)).toEqual({ "127.255.255.255": "EPERM", "255.255.255.255": "EPERM", "224.0.0.1": "EPERM", "127.0.0.1": "EPERM" });
     await new Promise((r) => setTimeout(r, 200));
     expect(received).toEqual([]);
+  });
+
+  it("lets only TCP through to a router's port: no datagram reaches a listener on its number", async () => {
+    const listener = dgram.createSocket("udp4");
+    await new Promise<void>((resolve) => listener.bind(portOf(router), "127.0.0.1", resolve));
+    const received: string[] = [];
+    listener.on("message", (m) => received.push(String(m)));
+    try {
+      const box = new Sandbox({ what: "tests", runAs: TENANT, hide: [] });
+      const script = `
+        const s = require("node:dgram").createSocket("udp4");
+        s.send("hello", ${portOf(router)}, "127.0.0.1", (err) => { console.log(JSON.stringify({ udp: err ? err.code : "sent" })); s.close(); });
+      `;
+      const { argv } = await box.wrap([process.execPath, "-e", script], { writable: [], chdir: "/", dieWithParent: true });
+      expect(JSON.parse((await run(argv[0]!, argv.slice(1))).stdout)).toEqual({ udp: "EPERM" });
+      await new Promise((r) => setTimeout(r, 200));
+      expect(received).toEqual([]);
+      expect(await fromTenantCode({ router: ["127.0.0.1", portOf(router)] })).toEqual({ router: "connected" });
+    } finally {
+      listener.close();
+    }
   });
 
   it("is put back when it is gone (a firewall reload flushes the ruleset)", async () => {
