@@ -24,7 +24,7 @@ import { releaseDir } from "./deployer.ts";
 import { removePartialImages } from "./builder.ts";
 import { hostSecrets, Sandbox } from "./sandbox.ts";
 import { controlPlaneAddresses, keepTenantFence, type OwnPort, type TenantFence } from "./tenant-fence.ts";
-import { probeCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
+import { hostShare, probeTenantsCgroup, removeIdleCgroups, type CgroupParent } from "./cgroups.ts";
 
 export type AgentConfig = Config<typeof agentEnv>;
 
@@ -85,6 +85,8 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       "AGENT_REPLICA_PORTS overlaps the kernel's ephemeral range: a replica's port may be handed to another process, a tenant's included, before the replica takes it",
     );
   }
+  const tenants = await hostShare(config.AGENT_TENANT_MEMORY_PERCENT, config.AGENT_TENANT_PIDS_PERCENT);
+  logger.info({ memoryMb: tenants.memoryMb || "no limit", processes: tenants.pidsMax || "no limit" }, "what tenant code may use together on this host");
   const runtime = await startRuntimeHost({
     hostId: config.AGENT_HOST_ID,
     runDir: config.AGENT_RUN_DIR,
@@ -96,6 +98,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     hide: hidden,
     runAs,
     pidsMax: config.AGENT_PIDS_MAX,
+    tenants,
     replicaPortRange,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
@@ -113,20 +116,20 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
 
   // Build commands die with the agent that ran them; the cgroups they ran in stayed behind.
   const leftBehind = async (parent: CgroupParent | null) => (parent ? removeIdleCgroups(parent, "build-", LEFTOVER_CGROUP_AGE_MS) : 0);
-  const buildMemory = probeCgroup("memory").then((probe) => {
+  const buildMemory = probeTenantsCgroup("memory", tenants).then((probe) => {
     if (probe.ok) return probe.cgroup;
     logger.warn({ reason: probe.reason }, "build commands run without a memory limit");
     return null;
   });
   const buildPids =
     config.AGENT_PIDS_MAX > 0
-      ? probeCgroup("pids").then((probe) => {
+      ? probeTenantsCgroup("pids", tenants).then((probe) => {
           if (probe.ok) return probe.cgroup;
           logger.warn({ reason: probe.reason }, "build commands run without a process limit");
           return null;
         })
       : null;
-  const buildCpu = probeCgroup("cpu").then((probe) => {
+  const buildCpu = probeTenantsCgroup("cpu", tenants).then((probe) => {
     if (probe.ok) return probe.cgroup;
     logger.warn({ reason: probe.reason }, "build commands share the CPU by process, not weighed together");
     return null;

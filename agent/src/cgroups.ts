@@ -1,6 +1,7 @@
 /**
  * The cgroups of tenant code on a host: each replica (runtime/process.ts) and each build command
- * (builder.ts) runs in cgroups of its own, under the agent's own:
+ * (builder.ts) runs in cgroups of its own, in the tenants' cgroup (tenantsCgroup, holding them
+ * all to the host's share for tenants) under the agent's own:
  * - memory, limited with swap included so that passing the limit ends in an OOM kill the agent
  *   can tell apart from a crash;
  * - pids, bounding its processes and threads together, so that a fork bomb fails its own forks
@@ -12,6 +13,7 @@
  * each); probed at run time, since a container may not let the agent write either.
  */
 import { mkdir, readdir, readFile, rmdir, stat, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import { errorText } from "./error-text.ts";
 
@@ -212,9 +214,14 @@ async function childCgroup(parent: CgroupParent, name: string): Promise<string> 
 /** A cgroup `platform-<name>` under `parent` holding its processes to `memoryMb` (swap included). */
 export async function createMemoryCgroup(parent: CgroupParent, name: string, memoryMb: number): Promise<string> {
   const dir = await childCgroup(parent, name);
+  await limitMemory(dir, parent.version, memoryMb);
+  return dir;
+}
+
+async function limitMemory(dir: string, version: 1 | 2, memoryMb: number): Promise<void> {
   const bytes = String(memoryMb * 1024 * 1024);
   // The limit covers swap too, so that reaching it ends in an OOM kill rather than in swapping.
-  if (parent.version === 2) {
+  if (version === 2) {
     await writeFile(path.join(dir, "memory.max"), bytes);
     await writeFile(path.join(dir, "memory.swap.max"), "0").catch(() => undefined);
   } else {
@@ -226,7 +233,56 @@ export async function createMemoryCgroup(parent: CgroupParent, name: string, mem
     });
     await writeFile(memsw, bytes).catch(() => undefined);
   }
-  return dir;
+}
+
+/**
+ * What all tenant code of a host may use together, in the cgroup `platform-<name>` (by default
+ * `platform-tenants`) that every replica's and build's cgroups are made in: 0 for no such limit.
+ */
+export interface TenantShare {
+  name: string;
+  memoryMb: number;
+  pidsMax: number;
+}
+
+/**
+ * The host's share for tenant code: `memoryPercent` of its memory (AGENT_TENANT_MEMORY_PERCENT)
+ * and `pidsPercent` of the processes and threads its kernel allows (AGENT_TENANT_PIDS_PERCENT,
+ * of the lower of kernel.pid_max and kernel.threads-max). Each replica and build has limits of
+ * its own, but nothing bounds how many replicas tenants run: without this, together they could
+ * take the memory or the process slots Postgres, NATS and the agent need.
+ */
+export async function hostShare(memoryPercent: number, pidsPercent: number): Promise<TenantShare> {
+  const kernel = async (name: string) => Number((await readFile(`/proc/sys/kernel/${name}`, "utf8").catch(() => "")).trim()) || Infinity;
+  const slots = Math.min(await kernel("pid_max"), await kernel("threads-max"));
+  return {
+    name: "tenants",
+    memoryMb: Math.floor(((os.totalmem() / 1024 / 1024) * memoryPercent) / 100),
+    pidsMax: Number.isFinite(slots) ? Math.floor((slots * pidsPercent) / 100) : 0,
+  };
+}
+
+/**
+ * The cgroup all tenant code of the host is held in under `parent` (the agent's own, as probed):
+ * made with the share's limit of `controller`, which on cgroup v2 it also gives its children.
+ */
+export async function tenantsCgroup(parent: CgroupParent, share: TenantShare, controller?: Controller): Promise<CgroupParent> {
+  const dir = await childCgroup(parent, share.name);
+  if (parent.version === 2 && controller) await writeFile(path.join(dir, "cgroup.subtree_control"), `+${controller}`);
+  if (controller === "memory" && share.memoryMb > 0) await limitMemory(dir, parent.version, share.memoryMb);
+  if (controller === "pids" && share.pidsMax > 0) await writeFile(path.join(dir, "pids.max"), String(share.pidsMax));
+  return { version: parent.version, dir };
+}
+
+/** probeCgroup, then the tenants' cgroup of `share` in what it found: where tenant code's cgroups of `controller` are made. */
+export async function probeTenantsCgroup(controller: Controller, share: TenantShare): Promise<CgroupProbe> {
+  const probe = await probeCgroup(controller);
+  if (!probe.ok) return probe;
+  try {
+    return { ok: true, cgroup: await tenantsCgroup(probe.cgroup, share, controller) };
+  } catch (err) {
+    return { ok: false, reason: `cgroup v${probe.cgroup.version}: cannot make the tenants' cgroup under ${probe.cgroup.dir} (${errorText(err)})` };
+  }
 }
 
 /**

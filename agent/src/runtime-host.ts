@@ -10,6 +10,7 @@ import type { Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
+import type { TenantShare } from "./cgroups.ts";
 import { Deployer, type DeployerDeps, type DeployJob } from "./deployer.ts";
 import { portIsFree, replicaPortIn, type PortRange } from "./replica-ports.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
@@ -39,6 +40,8 @@ export interface RuntimeHostOptions {
   runAs: TenantUser | null;
   /** The processes and threads one replica may run together (AGENT_PIDS_MAX); 0: no limit. */
   pidsMax: number;
+  /** What all tenant code of the host may use together (hostShare). */
+  tenants: TenantShare;
   healthTimeoutMs: number;
   /** How often the routing table Caddy holds is checked for drift from this host's record; ROUTER_CHECK_MS unless set. */
   routerCheckMs?: number;
@@ -96,7 +99,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const driver: RuntimeDriver =
     o.runtime === "docker"
       ? new DockerDriver({ socketPath: o.dockerSocket, runDir, logger: o.logger })
-      : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, pidsMax: o.pidsMax, logger: o.logger, ownPort });
+      : new ProcessDriver({ runDir, hide: o.hide, runAs: o.runAs, pidsMax: o.pidsMax, tenants: o.tenants, logger: o.logger, ownPort });
   const state = new HostState(runDir);
   await state.load();
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });

@@ -56,6 +56,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     hide: [],
     runAs: { uid: 61000, gid: 61000 },
     pidsMax: 1024,
+    tenants: { name: "tenants", memoryMb: 0, pidsMax: 0 },
     replicaPortRange: REPLICA_PORTS,
     healthTimeoutMs: 10_000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),

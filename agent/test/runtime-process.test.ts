@@ -6,7 +6,7 @@
 import { afterEach, beforeAll, afterAll, beforeEach, describe, expect, it } from "vitest";
 import { spawnSync } from "node:child_process";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
-import { chmod, mkdir, mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { chmod, mkdir, mkdtemp, readFile, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import net, { type AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -447,6 +447,48 @@ describe("ProcessDriver limits", () => {
     expect(spawnSync("true").status).toBe(0);
     await driver.remove(spec.id);
     expect(existsSync(record.pidsCgroup)).toBe(false);
+  });
+
+  it.skipIf(!pids.ok || !memory.ok)(`holds all replicas together to the tenants' share: past it their forks fail, though each is within its own limit${pids.ok ? noMemory : ` (skipped: ${pids.reason})`}`, async () => {
+    // A share of the test's own: the host's tenants' cgroup is the live platform's.
+    const tenants = { name: `tenants-test-${process.pid}`, memoryMb: 200, pidsMax: 40 };
+    const driver = new ProcessDriver({ runDir, runAs: TENANT, pidsMax: 1024, tenants });
+    drivers.push(driver);
+    const lines = output(driver);
+    const script = `
+      const { spawn } = require("node:child_process");
+      let started = 0, refused = 0;
+      for (let i = 0; i < 30; i++) {
+        const child = spawn("sleep", ["30"], { stdio: "ignore" });
+        child.on("spawn", () => started++);
+        child.on("error", () => refused++);
+      }
+      setTimeout(() => console.log("started " + started + " refused " + refused), 2000);
+      setInterval(() => undefined, 1000);
+    `;
+    const specs = [makeSpec(nodeCommand(script), { memoryMb: 128 }), makeSpec(nodeCommand(script), { memoryMb: 128 })];
+    for (const spec of specs) await driver.start(spec);
+    const records = await Promise.all(specs.map(async (spec) => JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { cgroup: string; pidsCgroup: string }));
+    const share = { pids: path.dirname(records[0]!.pidsCgroup), memory: path.dirname(records[0]!.cgroup) };
+    try {
+      for (const r of records) expect([path.dirname(r.pidsCgroup), path.dirname(r.cgroup)]).toEqual([share.pids, share.memory]);
+      expect(path.basename(share.pids)).toBe(`platform-${tenants.name}`);
+      expect((await readFile(path.join(share.pids, "pids.max"), "utf8")).trim()).toBe("40");
+      const limitFile = existsSync(path.join(share.memory, "memory.max")) ? "memory.max" : "memory.limit_in_bytes";
+      expect((await readFile(path.join(share.memory, limitFile), "utf8")).trim()).toBe(String(200 * 1024 * 1024));
+      const counts = await until(() => {
+        const said = lines.filter((l) => l.line.startsWith("started "));
+        return said.length === 2 ? said.map((l) => /^started (\d+) refused (\d+)$/.exec(l.line)!.slice(1).map(Number)) : null;
+      }, "both replicas' counts", 15_000);
+      // 2 x 30 forks asked for, 40 processes and threads allowed together (each node has threads of its own).
+      expect(counts.reduce((n, [started]) => n + started!, 0)).toBeLessThan(40);
+      expect(counts.reduce((n, [, refused]) => n + refused!, 0)).toBeGreaterThan(20);
+      expect(Number((await readFile(path.join(share.pids, "pids.current"), "utf8")).trim())).toBeLessThanOrEqual(40);
+      expect(spawnSync("true").status).toBe(0);
+    } finally {
+      for (const spec of specs) await driver.remove(spec.id);
+      for (const dir of new Set([share.pids, share.memory])) await rmdir(dir).catch(() => undefined);
+    }
   });
 
   it.skipIf(!memory.ok || !sandbox.ok)(`shows a sandboxed replica its own cgroups, read-only, and none of another replica's${noMemory || noSandbox}`, async () => {

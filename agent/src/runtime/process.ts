@@ -17,7 +17,20 @@ import type { ExitInfo, HttpClient, OutputLine, ReplicaSpec, ReplicaState, Runti
 import { errorText } from "../error-text.ts";
 import { DEFAULT_PATH, findOnPath } from "../quiet-command.ts";
 import { Sandbox, type TenantUser } from "../sandbox.ts";
-import { createCpuCgroup, createMemoryCgroup, createPidsCgroup, createSocketCgroup, inCgroups, oomKillCount, probeCgroup, probeSocketCgroup, removeCgroup, type CgroupParent } from "../cgroups.ts";
+import {
+  createCpuCgroup,
+  createMemoryCgroup,
+  createPidsCgroup,
+  createSocketCgroup,
+  inCgroups,
+  oomKillCount,
+  probeSocketCgroup,
+  probeTenantsCgroup,
+  removeCgroup,
+  tenantsCgroup,
+  type CgroupParent,
+  type TenantShare,
+} from "../cgroups.ts";
 
 export interface ProcessDriverOptions {
   runDir: string;
@@ -34,6 +47,8 @@ export interface ProcessDriverOptions {
   memoryLimits?: "auto" | "off";
   /** The processes and threads one replica may run together (AGENT_PIDS_MAX); absent or 0: no limit. */
   pidsMax?: number;
+  /** The cgroup all replicas are made in, and what they may use together; absent: `platform-tenants`, no limit of its own. */
+  tenants?: TenantShare;
   /**
    * Lets a replica connect to its own port, which the tenant fence refuses the tenant user on the
    * host's addresses: called before the replica starts with the cgroup v2 its sockets are known
@@ -222,6 +237,7 @@ export class ProcessDriver implements RuntimeDriver {
   readonly #logger: Logger | undefined;
   readonly #memoryMode: "auto" | "off";
   readonly #pidsMax: number;
+  readonly #tenants: TenantShare;
   readonly #sandbox: Sandbox;
   readonly #replicas = new Map<string, Replica>();
   readonly #exitListeners: Array<(state: ReplicaState) => void> = [];
@@ -241,6 +257,7 @@ export class ProcessDriver implements RuntimeDriver {
     this.#sandbox = new Sandbox({ hide: [this.#runDir, ...(opts.hide ?? [])], mode: opts.sandbox, runAs: opts.runAs, logger: opts.logger, what: "replicas" });
     this.#memoryMode = opts.memoryLimits ?? "auto";
     this.#pidsMax = opts.pidsMax ?? 0;
+    this.#tenants = opts.tenants ?? { name: "tenants", memoryMb: 0, pidsMax: 0 };
     this.#ownPort = opts.ownPort;
   }
 
@@ -501,7 +518,7 @@ export class ProcessDriver implements RuntimeDriver {
   }
 
   #pidsReady(): Promise<CgroupParent | null> {
-    this.#pids ??= probeCgroup("pids").then((probe) => {
+    this.#pids ??= probeTenantsCgroup("pids", this.#tenants).then((probe) => {
       if (probe.ok) {
         this.#logger?.info({ cgroup: probe.cgroup.dir, version: probe.cgroup.version, max: this.#pidsMax }, "replica process limits are enforced with cgroups");
         return probe.cgroup;
@@ -524,7 +541,7 @@ export class ProcessDriver implements RuntimeDriver {
   }
 
   #cpuReady(): Promise<CgroupParent | null> {
-    this.#cpu ??= probeCgroup("cpu").then((probe) => {
+    this.#cpu ??= probeTenantsCgroup("cpu", this.#tenants).then((probe) => {
       if (probe.ok) return probe.cgroup;
       this.#logger?.warn({ reason: probe.reason }, "replicas share the CPU by process, not weighed together");
       return null;
@@ -533,8 +550,8 @@ export class ProcessDriver implements RuntimeDriver {
   }
 
   #socketsReady(): Promise<CgroupParent | null> {
-    this.#sockets ??= probeSocketCgroup().then((probe) => {
-      if (probe.ok) return probe.cgroup;
+    this.#sockets ??= probeSocketCgroup().then(async (probe) => {
+      if (probe.ok) return tenantsCgroup(probe.cgroup, this.#tenants);
       this.#logger?.warn({ reason: probe.reason }, "replicas cannot connect to their own port: their sockets cannot be told apart from other tenants'");
       return null;
     });
@@ -543,7 +560,7 @@ export class ProcessDriver implements RuntimeDriver {
 
   #memoryReady(): Promise<CgroupParent | null> {
     if (this.#memoryMode === "off") return Promise.resolve(null);
-    this.#memory ??= probeCgroup("memory").then((probe) => {
+    this.#memory ??= probeTenantsCgroup("memory", this.#tenants).then((probe) => {
       if (probe.ok) {
         this.#logger?.info({ cgroup: probe.cgroup.dir, version: probe.cgroup.version }, "replica memory limits are enforced with cgroups");
         return probe.cgroup;

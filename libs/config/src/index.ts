@@ -360,6 +360,18 @@ export const agentEnv = {
     description:
       "processes and threads one replica, or one build command, may run at once (where the host has a writable pids cgroup); a fork past it fails, so a fork bomb stays in its own cgroup; 0 for no limit",
   },
+  AGENT_TENANT_MEMORY_PERCENT: {
+    type: "int",
+    default: "75",
+    description:
+      "share of the host's memory all replicas and build commands may use together (where the host has a writable memory cgroup): however many replicas tenants run, the rest stays the platform's; 0 for no such limit",
+  },
+  AGENT_TENANT_PIDS_PERCENT: {
+    type: "int",
+    default: "50",
+    description:
+      "share of the processes and threads the kernel allows (the lower of kernel.pid_max and kernel.threads-max) all replicas and build commands may run together (where the host has a writable pids cgroup and AGENT_PIDS_MAX is not 0); 0 for no such limit",
+  },
   AGENT_RUN_DIR: {
     type: "string",
     default: ".data/agent/run",
