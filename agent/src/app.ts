@@ -183,6 +183,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
       imageDir: resolvePath(config.AGENT_IMAGE_DIR),
       allowFileRepos: allowFileRepos(config),
       timeoutMs: config.AGENT_BUILD_TIMEOUT_S * 1000,
+      imageMaxMb: config.AGENT_IMAGE_MAX_MB,
       publishImage: (app, tag, file) => publishImage(bus, app, tag, file),
       releaseDir: (job) => releaseDir(resolvePath(config.AGENT_RUN_DIR), job.group_slug, job.app_name, job.branch, job.tag),
       sandbox: new Sandbox({ hide: hidden, runAs, logger, what: "build commands" }),

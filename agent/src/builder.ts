@@ -87,6 +87,12 @@ export interface BuildDeps {
   pids?: { max: number; cgroup(): Promise<CgroupParent | null> };
   /** Where each build command gets a cgroup weighing its processes together on the CPU (createCpuCgroup). */
   cpu?: { cgroup(): Promise<CgroupParent | null> };
+  /**
+   * The most a build's output may add up to, holes of sparse files counted (AGENT_IMAGE_MAX_MB):
+   * what a deploy could have to write out, as root, from an archive a thousand times smaller.
+   * Unbounded when absent or 0.
+   */
+  imageMaxMb?: number;
 }
 
 export interface BuildOutcome {
@@ -307,6 +313,16 @@ async function withLimits<R>(deps: BuildDeps, name: string, run: (cgroups: strin
   }
 }
 
+/** What the tree under `dir` adds up to, in whole MB rounded up, without its .git: each file's length, holes included. */
+async function apparentSizeMb(dir: string, deadline: number): Promise<number> {
+  const said: string[] = [];
+  const du = await runCommand(["du", "-s", "--apparent-size", "--block-size=1M", "--exclude=./.git", "."], { cwd: dir, env: { PATH: process.env.PATH }, deadline, onLine: (line) => void said.push(line) });
+  if (du.timedOut) throw new BuildFailure("Measuring the build output exceeded the build's time limit.");
+  const mb = Number(/^(\d+)\s/.exec(said.find((l) => /^\d+\s/.test(l)) ?? "")?.[1]);
+  if (du.code !== 0 || !Number.isFinite(mb)) throw new Error(`du could not measure the build output (exit ${du.code}): ${said.join(" ").slice(0, 300)}`);
+  return mb;
+}
+
 /** The environment of build commands: nothing of the agent's own secrets, a PATH and a HOME. */
 function buildEnv(job: BuildJob, home: string): NodeJS.ProcessEnv {
   return {
@@ -472,12 +488,19 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     }
 
     await enter("package");
+    if (deps.imageMaxMb) {
+      const outputMb = await apparentSizeMb(src, deadline);
+      if (outputMb > deps.imageMaxMb) {
+        throw new BuildFailure(`The build's output adds up to ${outputMb} MB; an image holds at most ${deps.imageMaxMb} MB (the agent's AGENT_IMAGE_MAX_MB).`);
+      }
+    }
     const image = path.join(deps.imageDir, job.app_name, `${job.tag}.tar.gz`);
     await mkdir(path.dirname(image), { recursive: true });
     // Written beside, then renamed into place: an archive cut short (a timeout, a full disk, the
     // agent stopped) is never taken for the image by a later deploy on this host.
     const partial = `${image}.${process.pid}.partial`;
-    const tar = await runCommand(["tar", "--exclude=./.git", "-czf", partial, "-C", src, "."], {
+    // Holes stay holes (--sparse), where unpacking the image would otherwise write them out.
+    const tar = await runCommand(["tar", "--sparse", "--exclude=./.git", "-czf", partial, "-C", src, "."], {
       cwd: workspace,
       env: { PATH: process.env.PATH },
       deadline,

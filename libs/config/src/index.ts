@@ -349,6 +349,11 @@ export const agentEnv = {
     description: "the host's image store: one archive per built tag",
   },
   AGENT_BUILD_TIMEOUT_S: { type: "int", default: "900", description: "a build running longer than this fails" },
+  AGENT_IMAGE_MAX_MB: {
+    type: "int",
+    default: "2048",
+    description: "the most a build's output may add up to (each file's length, holes of sparse files included, .git left out); a larger one fails the build; 0 for no limit",
+  },
   AGENT_BUILD_MEMORY_MB: {
     type: "int",
     default: "4096",
