@@ -14,7 +14,7 @@ import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
 import { closeBody, refuseBody, refuseUnparsed, refuseUrl, typedBodyValidator } from "./domain/input-bounds.ts";
 import { clientErrorHandler, registerErrorHandling } from "./errors.ts";
-import { sharedSchemas } from "./schemas.ts";
+import { listGatewayAnswers, sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
 import { appSettingsRoutes } from "./routes/app-settings.ts";
 import { buildRoutes } from "./routes/builds.ts";
@@ -88,6 +88,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   });
 
   app.addHook("onRoute", closeBody);
+  app.addHook("onRoute", listGatewayAnswers);
   registerErrorHandling(app);
   for (const schema of sharedSchemas) app.addSchema(schema);
   await app.register(swagger, {

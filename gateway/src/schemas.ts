@@ -2,6 +2,8 @@
  * JSON Schemas shared by routes. The same objects validate requests and generate the OpenAPI
  * document, so the document cannot drift from what the gateway accepts.
  */
+import type { RouteOptions } from "fastify";
+
 export const errorSchema = {
   $id: "Error",
   type: "object",
@@ -24,9 +26,9 @@ export const errorSchema = {
 
 const errorRef = { $ref: "Error#" } as const;
 
-/** `offset` of every paged list: services count rows in 32 bits, so a larger offset is refused (422), not failed. */
 /** The largest value of a protobuf int32 field. */
 export const INT32_MAX = 2_147_483_647;
+/** `offset` of every paged list: services count rows in 32 bits, so a larger offset is refused (422), not failed. */
 export const offsetParam = { type: "integer", minimum: 0, maximum: INT32_MAX, default: 0 } as const;
 
 /** Error responses every authenticated route may give. */
@@ -45,6 +47,32 @@ export const bodyErrors = {
 
 /** An error answer of a route's own, described where the route is. */
 export const refusal = (description: string) => ({ ...errorRef, description }) as const;
+
+/** The methods whose body the gateway reads (and so may refuse as too large or not JSON). */
+const BODY_METHODS = ["POST", "PUT", "PATCH", "DELETE"];
+
+/**
+ * The answers the gateway gives before any route's handler runs, listed on every documented
+ * route that does not describe them itself: 400 for a malformed request (a NUL character or a
+ * parameter too long in the URL, a body that is not JSON), 401 where a credential is needed, 503
+ * where a service behind it may be unavailable, and 413 and 415 on the methods whose body it
+ * reads, whether or not the route takes one.
+ */
+export function listGatewayAnswers(route: RouteOptions): void {
+  const schema = route.schema as { hide?: boolean; response?: Record<string, unknown> } | undefined;
+  if (!schema || schema.hide) return;
+  const response = (schema.response ??= {});
+  response[400] ??= refusal("Malformed request: a NUL character or a parameter too long in the URL, or a body that is not JSON.");
+  if (!(route.config as { access?: { public?: boolean } } | undefined)?.access?.public) {
+    response[401] ??= authErrors[401];
+    response[503] ??= refusal("A service the route needs is unavailable (restarting, or its database is); nothing was done that the answer does not say. Retry shortly.");
+  }
+  const methods = Array.isArray(route.method) ? route.method : [route.method];
+  if (methods.some((m) => BODY_METHODS.includes(m))) {
+    response[413] ??= bodyErrors[413];
+    response[415] ??= bodyErrors[415];
+  }
+}
 
 /**
  * The answers of a route that registers an app (POST /api/apps, and POST /api/builds for an

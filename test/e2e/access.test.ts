@@ -301,6 +301,10 @@ describe("bad input", () => {
     const build = await call(api, "POST", "/builds", { credential: root, body: { app_name: "nothing", repository: "https://example.com/a.git", brnach: "dev" } });
     expect(build.status).toBe(422);
     expect(build.body.detail.message).toMatch(/brnach is not allowed/);
+    // A field made of named fields is closed as well.
+    const register = await call(api, "POST", "/apps", { credential: root, body: { app_name: "nothing", repository: "https://example.com/a.git", clone_components: { db: true, dbs: true } } });
+    expect(register.status).toBe(422);
+    expect(register.body.detail.message).toMatch(/clone_components\.dbs is not allowed/);
   });
 
   it("takes a JSON body's values as sent: a string is not read as the boolean or number it spells", async () => {

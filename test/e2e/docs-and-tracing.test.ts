@@ -109,14 +109,17 @@ describe("OpenAPI document", () => {
     expect(Object.keys(createKey.responses)).toEqual(expect.arrayContaining(["201", "401", "403", "404", "422", "413", "415"]));
   });
 
-  it("lists among a route's answers every 409 its description names, and 415 wherever it takes a body", async () => {
+  it("lists among a route's answers every error status its text names, those the gateway gives before any route, and 413 and 415 wherever it reads a body", async () => {
     const r = await call(fleet.api, "GET", "/openapi.json", { credential: fleet.rootKey });
     const missing: string[] = [];
     for (const [path, operations] of Object.entries(r.body.paths as Record<string, Record<string, any>>)) {
       for (const [method, op] of Object.entries(operations)) {
         const codes = Object.keys(op.responses ?? {});
-        if (/\b409\b/.test(`${op.summary ?? ""} ${op.description ?? ""}`) && !codes.includes("409")) missing.push(`${method} ${path}: 409`);
-        if (op.requestBody && !codes.includes("415")) missing.push(`${method} ${path}: 415`);
+        const text = `${op.summary ?? ""} ${op.description ?? ""}`;
+        // A status, not a count ("at most 500 variables").
+        const named = [...text.matchAll(/\b([45]\d\d)\b(?! [a-z]+s\b)/g)].map((m) => m[1]!);
+        const gateway = ["400", ...(path === "/api/health" ? [] : ["401", "503"]), ...(["post", "put", "patch", "delete"].includes(method) ? ["413", "415"] : [])];
+        for (const code of new Set([...named, ...gateway])) if (!codes.includes(code)) missing.push(`${method} ${path}: ${code}`);
       }
     }
     expect(missing).toEqual([]);

@@ -107,10 +107,31 @@ export function refuseBody(text: string, value: unknown): PlatformError | null {
  * `additionalProperties`.
  */
 export function closeBody(route: RouteOptions): void {
-  const body = route.schema?.body as { type?: unknown; additionalProperties?: unknown } | undefined;
+  const body = route.schema?.body as ObjectSchema | undefined;
   if (!body || body.additionalProperties !== undefined) return;
   const types = Array.isArray(body.type) ? body.type : [body.type];
-  if (types.includes("object")) body.additionalProperties = false;
+  if (!types.includes("object")) return;
+  body.additionalProperties = false;
+  closeFields(body);
+}
+
+interface ObjectSchema {
+  type?: unknown;
+  properties?: Record<string, ObjectSchema>;
+  additionalProperties?: unknown;
+}
+
+/**
+ * A field that is an object of named fields (`clone_components: {db, drives, buckets}`) is closed
+ * too; one that holds what the client chooses (`deploy_config`) says so with its own
+ * `additionalProperties`, or names no fields at all.
+ */
+function closeFields(schema: ObjectSchema): void {
+  for (const field of Object.values(schema.properties ?? {})) {
+    if (!field.properties) continue;
+    field.additionalProperties ??= false;
+    closeFields(field);
+  }
 }
 
 /** Whole numbers as a person writes them in a URL: digits, with an optional sign. */

@@ -173,6 +173,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
           ...authErrors,
           ...bodyErrors,
           409: refusal("`nothing_running`, `scale_in_flight`, `overlay_would_drop_fields` or `preflight_quarantined`: nothing saved or queued."),
+          500: refusal("`scale_saved_not_deployed` (saved, requested, previous, deployed, reason): the count was saved, its deploy could not be queued; answered with the underlying status where there is one."),
         },
       },
     },
