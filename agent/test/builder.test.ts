@@ -158,17 +158,17 @@ it("fails a build whose image the fleet's store does not take within the build's
 it("fails a build whose output adds up to more than an image may hold, sparse files counted whole; keeps a smaller one's holes", async () => {
   const sparse = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("truncate -s 40M dist-sparse.bin") } });
   try {
-    const tooLarge = await runBuild({ ...job("main-00000011", false), repository: sparse.url }, { ...deps(), imageMaxMb: 30 });
+    const tooLarge = await runBuild({ ...job("main-00000031", false), repository: sparse.url }, { ...deps(), imageMaxMb: 30 });
     expect(tooLarge).toMatchObject({
       status: "failed",
       error_message: expect.stringMatching(/^The build's output adds up to 4\d MB; an image holds at most 30 MB \(the agent's AGENT_IMAGE_MAX_MB\)\.$/),
     });
-    await expect(stat(path.join(dir, "images", "node-web", "main-00000011.tar.gz"))).rejects.toThrow(/ENOENT/);
-    const within = await runBuild({ ...job("main-00000012", false), repository: sparse.url }, { ...deps(), imageMaxMb: 100 });
+    await expect(stat(path.join(dir, "images", "node-web", "main-00000031.tar.gz"))).rejects.toThrow(/ENOENT/);
+    const within = await runBuild({ ...job("main-00000032", false), repository: sparse.url }, { ...deps(), imageMaxMb: 100 });
     expect(within.status).toBe("completed");
     // Unpacked as a deploy does: the file has its length, and still no blocks.
     const unpacked = await mkdtemp(path.join(dir, "unpacked-"));
-    expect(spawnSync("tar", ["-xzf", path.join(dir, "images", "node-web", "main-00000012.tar.gz"), "-C", unpacked]).status).toBe(0);
+    expect(spawnSync("tar", ["-xzf", path.join(dir, "images", "node-web", "main-00000032.tar.gz"), "-C", unpacked]).status).toBe(0);
     const file = await stat(path.join(unpacked, "dist-sparse.bin"));
     expect(file.size).toBe(40 * 1024 * 1024);
     expect(file.blocks * 512).toBeLessThan(1024 * 1024);
