@@ -28,6 +28,8 @@ describe("app names", () => {
     // Characters are code points, as the gateway counts them: 64 emoji and "abc" are 67, 128 emoji and "a" 129.
     expect(appNameFrom(`${"😀".repeat(64)}abc`)).toBe("abc");
     expect(status(() => appNameFrom(`${"😀".repeat(128)}a`))).toBe(422);
+    // Blanks, or letters no hostname label has, say what a name needs.
+    for (const name of ["   ", "日本"]) expect(() => appNameFrom(name)).toThrow("app_name must contain ASCII letters or digits (a-z, 0-9): it becomes a hostname label.");
   });
 
   it("adds the first free numeric suffix", () => {

@@ -29,16 +29,17 @@ export function appNameFrom(input: string): string {
   const raw = input.trim();
   // Characters as the gateway's schema counts them: code points, not UTF-16 units.
   const length = [...raw].length;
-  if (length < 1 || length > APP_NAME_MAX) throw PlatformError.invalid(`app_name must be 1-${APP_NAME_MAX} characters.`);
+  if (length > APP_NAME_MAX) throw PlatformError.invalid(`app_name must be 1-${APP_NAME_MAX} characters.`);
   const name = sanitizeName(raw);
-  if (!name) throw PlatformError.invalid("app_name must contain letters or digits.");
+  // Names become hostname labels: only a-z and 0-9 survive (blanks and `日本` leave nothing).
+  if (!name) throw PlatformError.invalid("app_name must contain ASCII letters or digits (a-z, 0-9): it becomes a hostname label.");
   return name;
 }
 
 /** The branch as a hostname label: `feature/Login` → `feature-login`. */
 export function branchLabel(branch: string): string {
   const label = sanitizeName(branch);
-  if (!label) throw PlatformError.invalid("branch must contain letters or digits.");
+  if (!label) throw PlatformError.invalid("branch must contain ASCII letters or digits (a-z, 0-9): it becomes a hostname label.");
   return label;
 }
 
