@@ -94,7 +94,11 @@ export function groupLockErrors(own409: string) {
 /** Query parameters accepted on every route: group selection and the legacy environment. */
 export const commonQuery = {
   group: { type: "string", description: "Group to act in (first in the selection order; a group you are not a member of gives 404)." },
-  environment: { type: "string", description: "Legacy parameter: accepted and ignored; the API is bound to one environment." },
+  environment: {
+    type: ["string", "array"],
+    items: { type: "string" },
+    description: "Legacy parameter: accepted and ignored, however often given; the API is bound to one environment.",
+  },
 } as const;
 
 export const groupSchema = {

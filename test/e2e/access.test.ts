@@ -317,6 +317,8 @@ describe("bad input", () => {
     expect(name.body.detail.message).toMatch(/app_name must be string/);
     // The query string is text, read as its parameter's type.
     expect((await call(api, "GET", "/builds?limit=5", { credential: root })).status).toBe(200);
+    // The legacy environment parameter is ignored however often it is given.
+    expect((await call(api, "GET", "/builds?environment=prod&environment=dev", { credential: root })).status).toBe(200);
   });
 });
 
