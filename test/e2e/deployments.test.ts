@@ -595,6 +595,27 @@ describe("undeploy", () => {
     expect(await getApp()).toMatchObject({ deploy_status: "undeployed", latest_build: null });
     expect((await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP } })).status).toBe(400);
   });
+
+  it("with purge cancels a build of the branch in flight and waits for it to end: no build outlives the purge", async () => {
+    const config = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
+    await web.commit("a slow build", { "platform.yaml": webConfigBuiltBy("sleep 4 && node build.js") });
+    try {
+      const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: false } });
+      expect(b.status).toBe(202);
+      await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${b.body.action_id}`, { credential: acme })).body.phase, { timeout: 60_000 }).toBe("build:web");
+      const r = await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: { branch: "main", purge: true } });
+      expect(r.status).toBe(202);
+      const undeploy = await waitFor(async () => (await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body, (a) => a.status === "completed", 60_000);
+      const build = (await call(api, "GET", `/deployments/queue/${b.body.action_id}`, { credential: acme })).body;
+      expect(build).toMatchObject({ status: "cancelled" });
+      expect(Date.parse(undeploy.completed_at)).toBeGreaterThanOrEqual(Date.parse(build.completed_at));
+      await expect.poll(async () => (await call(api, "GET", `/builds?app_name=${APP}`, { credential: acme })).body.total, { timeout: 30_000 }).toBe(0);
+      expect((await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).status).toBe(404);
+      expect(await getApp()).toMatchObject({ latest_build: null });
+    } finally {
+      await web.commit("the fixture's config again", { "platform.yaml": config });
+    }
+  });
 });
 
 describe("queue a deployment", () => {

@@ -10,7 +10,7 @@ import type { ServiceContext } from "@platform/service";
 import { Agent, type Action } from "./entities/index.ts";
 import { servicesStatus } from "./domain/services-status.ts";
 import { admitForce } from "./domain/admit-force.ts";
-import { cancelAction, cancelBeforeIntake, type UntakenBuild } from "./domain/cancel.ts";
+import { cancelAction, cancelBeforeIntake, cancelBuildsOfPurgedBranch, type UntakenBuild } from "./domain/cancel.ts";
 import { claimAction, completeAction, reportProgress } from "./domain/claims.ts";
 import { diagnoseAction } from "./domain/diagnose.ts";
 import { queueStatus } from "./domain/lifecycle.ts";
@@ -326,9 +326,9 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             const action = await ctx.write(async (em) => {
               // Undeploy twice: the second is answered with the first while it is still queued.
               const pending = type === "UNDEPLOY" ? await pendingUndeploy(em, caller, target, req.purge) : null;
-              return (
+              const queued =
                 pending ??
-                queueAppAction(
+                (await queueAppAction(
                   em,
                   caller,
                   {
@@ -341,8 +341,9 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
                   },
                   now,
                   dispatched,
-                )
-              );
+                ));
+              if (type === "UNDEPLOY" && req.purge) await cancelBuildsOfPurgedBranch(em, target, queued.id, now);
+              return queued;
             });
             result = { actions: [action], services: [], skippedStatic: [] };
             break;

@@ -28,6 +28,7 @@ function input(overrides: Omit<Partial<AdmissionInput>, "action"> & { action?: P
     supersededBy: null,
     appLaneBusyWith: null,
     appLaneAhead: null,
+    buildInFlight: null,
     inFlightOnHost: 0,
     waitingAhead: [],
     now,
@@ -38,6 +39,14 @@ function input(overrides: Omit<Partial<AdmissionInput>, "action"> & { action?: P
 describe("admission gates", () => {
   it("admits a queued action with nothing in its way", () => {
     expect(checkAdmission(input())).toEqual({ verdict: "admit", forced: false });
+  });
+
+  it("holds an undeploy with purge back while a build of its branch is in flight, naming it", () => {
+    expect(checkAdmission(input({ action: { actionType: "UNDEPLOY" }, buildInFlight: BUILD }))).toEqual({
+      verdict: "refuse",
+      reason: "waiting for build 11111111 of the branch to end: a purge deletes its image and record too",
+      blockingActionId: BUILD,
+    });
   });
 
   it("drops a terminal action and one claimed by another host; resumes on the same host", () => {

@@ -15,6 +15,8 @@
  *    a time, so two blue/green swaps of one app never race; and in order: a ready one that goes
  *    before it (higher priority, then older) goes first, so a restart then a stop end stopped
  *    however an agent's claims of them interleave;
+ * 4b. purge: an undeploy with purge waits for a build of its branch still in flight (asked to
+ *    cancel when the undeploy was queued) to end, so no image or build of the branch outlives it;
  * 5. per-host concurrency: at most HOST_CONCURRENCY[type] actions of a type in flight on a host;
  * 6. queue order: when a host has fewer free slots than ready actions waiting for them, the
  *    higher priority (then the older) goes first.
@@ -75,6 +77,8 @@ export interface AdmissionInput {
    * QUEUE_ORDER_WINDOW_MS: one whose host has gone quiet holds the lane up no longer than that.
    */
   appLaneAhead: string | null;
+  /** For an undeploy with purge: a BUILD of the same app and branch in progress. */
+  buildInFlight: string | null;
   /** Actions of the same type in progress on this host (this one excluded). */
   inFlightOnHost: number;
   /**
@@ -146,6 +150,11 @@ export function checkAdmission(input: AdmissionInput): Admission {
   if (input.appLaneAhead && APP_LANE_TYPES.has(action.actionType)) {
     const ahead = input.appLaneAhead;
     return { verdict: "refuse", reason: `waiting behind ${short(ahead)} (higher priority or older) of the same app and branch`, blockingActionId: ahead };
+  }
+
+  // 4b. purge
+  if (input.buildInFlight) {
+    return { verdict: "refuse", reason: `waiting for build ${short(input.buildInFlight)} of the branch to end: a purge deletes its image and record too`, blockingActionId: input.buildInFlight };
   }
 
   // 5. per-host concurrency and 6. queue order: the capacity gates admit-force passes once.

@@ -13,6 +13,7 @@
  *
  * A build whose request has not reached the queue yet is cancelled too (`cancelBeforeIntake`).
  */
+import { LockMode } from "@mikro-orm/core";
 import type { Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
@@ -41,6 +42,20 @@ export async function cancelAction(em: EntityManager, caller: Caller, id: string
   if (!action) {
     return { actionId: id, status: "not_found", cancelled: false, cancelRequested: false, queueStatus: "", dependentsCancelled: [], appName: "" };
   }
+  return cancelLocked(em, action, reason, now);
+}
+
+/**
+ * An undeploy with purge deletes the branch's builds and their images: a build of the branch not
+ * yet ended is cancelled with it (its deploy too), rather than leaving an image and a build the
+ * purge has not seen. One in flight stops between phases; the undeploy waits for it (admission 4b).
+ */
+export async function cancelBuildsOfPurgedBranch(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }, undeployId: string, now: Date): Promise<void> {
+  const builds = await em.find(Action, { ...target, actionType: "BUILD", status: { $in: ["queued", "in_progress"] } }, { lockMode: LockMode.PESSIMISTIC_WRITE, orderBy: { createdAt: "asc" } });
+  for (const build of builds) await cancelLocked(em, build, `Superseded: the branch is undeployed with purge (${undeployId}).`, now);
+}
+
+async function cancelLocked(em: EntityManager, action: Action, reason: string, now: Date): Promise<CancelOutcome> {
   const outcome = (status: CancelStatus, dependentsCancelled: string[] = []): CancelOutcome => ({
     actionId: action.id,
     status,

@@ -27,7 +27,7 @@ async function lockAction(em: EntityManager, actionId: string): Promise<Action |
 
 /**
  * What the gates read, in one statement: the dependency's row, an in-progress action of the app
- * lane and a ready one ahead in it, the host's in-flight count and the ready actions ahead in its
+ * lane and a ready one ahead in it, a build in flight a purge waits for, the host's in-flight count and the ready actions ahead in its
  * queue (the last two only for types with a per-host limit). "Ahead" is one order throughout:
  * higher priority, then older, then the smaller id. A claim runs it with the row locked, so every
  * read sees one moment.
@@ -48,6 +48,9 @@ const ADMISSION_READS = `select
       and (l.last_admission_check_at > ? or l.dispatched_at > ?)
       and (l.priority > ? or (l.priority = ? and (l.created_at < ? or (l.created_at = ? and l.id < ?))))
     order by l.priority desc, l.created_at, l.id limit 1) as lane_ahead,
+  (select c.id from actions c
+    where ? and c.status = 'in_progress' and c.action_type = 'BUILD' and c.group_slug = ? and c.app_name = ? and c.branch = ?
+    order by c.claimed_at asc limit 1) as build_in_flight,
   (select count(*)::int from actions f where ? and f.status = 'in_progress' and f.claimed_by = ? and f.action_type = ? and f.id <> ?) as in_flight,
   (select coalesce(json_agg(w.id order by w.priority desc, w.created_at, w.id), '[]'::json) from (
     select x.id, x.priority, x.created_at from actions x
@@ -66,6 +69,7 @@ const ADMISSION_READS = `select
 export async function admissionInput(em: EntityManager, action: Action, hostId: string, now: Date): Promise<AdmissionInput> {
   const lane = APP_LANE_TYPES.has(action.actionType);
   const limited = HOST_CONCURRENCY[action.actionType] !== undefined;
+  const purging = action.actionType === "UNDEPLOY" && action.payload?.purge === true;
   const windowStart = new Date(now.getTime() - QUEUE_ORDER_WINDOW_MS);
   const [row] = await em.getConnection().execute<
     {
@@ -73,6 +77,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
       superseded_by: AdmissionInput["supersededBy"];
       busy: { id: string; actionType: string } | null;
       lane_ahead: string | null;
+      build_in_flight: string | null;
       in_flight: number;
       ahead: string[];
     }[]
@@ -85,6 +90,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
       lane, action.groupSlug, action.appName, action.branch, APP_LANE, action.id,
       windowStart, windowStart,
       action.priority, action.priority, action.createdAt, action.createdAt, action.id,
+      purging, action.groupSlug, action.appName, action.branch,
       limited, hostId, action.actionType, action.id,
       limited, action.actionType, hostId, action.id,
       windowStart,
@@ -101,6 +107,7 @@ export async function admissionInput(em: EntityManager, action: Action, hostId: 
     supersededBy: row?.superseded_by ?? null,
     appLaneBusyWith: row?.busy ?? null,
     appLaneAhead: row?.lane_ahead ?? null,
+    buildInFlight: row?.build_in_flight ?? null,
     inFlightOnHost: Number(row?.in_flight ?? 0),
     waitingAhead: row?.ahead ?? [],
     now,
