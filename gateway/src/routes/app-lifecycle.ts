@@ -232,7 +232,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         tags: ["deployments"],
         summary: "Stop serving a branch: its route goes, then its processes.",
         description:
-          "`branch` omitted: the branch that runs (several running: 409 naming one to choose; none: the production branch). `purge` also deletes the branch's images and builds. " +
+          "`branch` omitted: the branch that runs (several running: 409 naming one to choose; none: the production branch). `purge` also deletes the branch's images and builds: a build of the branch not yet ended is cancelled (with its deploy), and the undeploy waits for one in flight to stop. " +
           "Asked again while an undeploy of the branch is still queued (asked with the same `purge`, and nothing was queued for the branch since), the answer is that undeploy's `action_id`: nothing more is queued.",
         params: appParams,
         querystring: { type: "object", properties: commonQuery },
