@@ -220,7 +220,11 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         querystring: branchQuery,
         response: {
           204: { type: "null", description: "Deleted." },
-          409: { $ref: "Error#", description: "`branch_required`, `app_running` or `production_branch`." },
+          409: {
+            $ref: "Error#",
+            description:
+              "`branch_required` (several branches: name one); `app_running` (it serves or may: undeploy it first); `build_in_flight` (a build of the branch has not ended: cancel it or wait; `build_id`); `production_branch` (promote another first).",
+          },
           ...authErrors,
         },
       },

@@ -19,7 +19,7 @@ import type { RunningService } from "@platform/service";
 import { build } from "../src/app.ts";
 import { startIdentity, type TestIdentity } from "./identity.ts";
 import { completedBuild } from "./rows.ts";
-import { App } from "../src/entities/index.ts";
+import { App, Build } from "../src/entities/index.ts";
 import { PATCH_FIELDS, SEED_REFERENCE_MAX, lockApp } from "../src/domain/app-settings.ts";
 // The gateway's routes for these capabilities, mounted over this service in the last block.
 import { appSettingsRoutes } from "../../../gateway/src/routes/app-settings.ts";
@@ -430,6 +430,15 @@ describe("set-production", () => {
     await setRow("web", "doomed", { deployStatus: "undeploy_failed", runningVersion: null });
     expect(await refusal(client.deleteApp({ caller: acme, appName: "web", branch: "doomed" }))).toMatchObject({ status: 409, detail: { code: "app_running" } });
     await setRow("web", "doomed", { deployStatus: "failed", runningVersion: null });
+    // A build of the branch not yet ended (its row stays queued while it runs) keeps it too.
+    const buildId = await service.ctx.write(async (em) => {
+      const id = completedBuild(em, await em.findOneOrFail(App, { appName: "web", branch: "doomed" }), "doomed-2");
+      await em.flush();
+      await em.nativeUpdate(Build, { id }, { status: "queued" });
+      return id;
+    });
+    expect(await refusal(client.deleteApp({ caller: acme, appName: "web", branch: "doomed" }))).toMatchObject({ status: 409, detail: { code: "build_in_flight", build_id: buildId } });
+    await service.ctx.write((em) => em.nativeUpdate(Build, { id: buildId }, { status: "cancelled" }));
     await client.deleteApp({ caller: acme, appName: "web", branch: "doomed" });
   });
 

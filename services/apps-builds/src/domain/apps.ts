@@ -4,7 +4,7 @@
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
-import { App } from "../entities/index.ts";
+import { App, Build } from "../entities/index.ts";
 import { announceBuildsDeleted } from "./purge.ts";
 import { routeAppName } from "./naming.ts";
 
@@ -71,6 +71,15 @@ export async function deleteApp(em: EntityManager, caller: Caller, appName: stri
       code: "app_running",
       message: `Branch '${target.branch}' of '${appName}' is ${target.deployStatus}${target.runningVersion ? ` and ${target.runningVersion} still serves` : ""}; undeploy it before deleting it.`,
       deploy_status: target.deployStatus,
+    });
+  }
+  // A build not yet ended would publish an image, and its deploy fail, for a branch gone.
+  const building = await em.findOne(Build, { appId: target.id, status: "queued" }, { fields: ["id"], orderBy: { createdAt: "asc" } });
+  if (building) {
+    throw PlatformError.conflict({
+      code: "build_in_flight",
+      message: `Build ${building.id} of branch '${target.branch}' of '${appName}' has not ended; cancel it (POST /api/deployments/${building.id}/cancel) or wait for it, then delete the branch.`,
+      build_id: building.id,
     });
   }
   if (target.isProduction && rows.length > 1) {
