@@ -154,9 +154,9 @@ export const appSchema = {
       description: "Tag of the branch's latest successful build: the image a redeploy without a build ships. A build still running or failed is not it (see build_count and last_build_status).",
     },
     build_count: { type: "integer" },
-    running_version: nullableString,
+    running_version: { ...nullableString, description: "The image tag serving now: a deploy's from its swap commit (its route moved), while the old colour still drains. Null when undeployed." },
     running_build_id: { ...nullableString, description: "The build whose deploy (queued with it: auto_deploy, or a redeploy with rebuild) put the running release in place. Null after a no-build deploy (POST /api/deployments of a tag, a redeploy of the image, a scale) or a retry: not reported, never a guess." },
-    running_since: nullableString,
+    running_since: { ...nullableString, description: "When the serving release started serving: its deploy's swap commit (its completion for a deploy that moved no route)." },
     urls: {
       type: "array",
       items: { type: "string" },

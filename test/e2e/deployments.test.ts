@@ -218,7 +218,9 @@ describe("a build deployed by the agent", () => {
     // The redeploy queued no build (its build_id is null): a no-build deploy, so running_build_id
     // is not reported once it serves (spec 2.1 rule 5), though the tag is v3's.
     expect(again.body.build_id).toBeNull();
-    await expect.poll(async () => Date.parse((await getApp()).running_since), { timeout: 10_000 }).toBe(Date.parse(redeployed.completed_at));
+    // Running since its swap commit: after it was queued, by the time it completed (the old colour drained meanwhile).
+    await expect.poll(async () => Date.parse((await getApp()).running_since) > Date.parse(redeployed.created_at), { timeout: 10_000 }).toBe(true);
+    expect(Date.parse((await getApp()).running_since)).toBeLessThanOrEqual(Date.parse(redeployed.completed_at));
     expect(await getApp()).toMatchObject({ running_version: v3.tag, running_build_id: null });
   });
 

@@ -274,6 +274,29 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(later.firstDeployedAt?.toISOString()).toBe("2026-11-20T12:00:00.000Z");
   });
 
+  it("names the new release as serving from its swap commit, while the old colour drains; completed, it keeps that time", async () => {
+    const app = await registerApp();
+    await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1", completed_at: "2026-11-20T12:00:00.000Z" });
+    const actionId = randomUUID();
+    const buildId = randomUUID();
+    const claimed = await apply(app, { action_id: actionId, action_type: "DEPLOY", status: "in_progress", image_tag: "main-2", build_id: buildId });
+    expect(claimed).toMatchObject({ deployStatus: "deploying", runningVersion: "main-1" });
+    const swapped = await apply(app, { action_id: actionId, action_type: "DEPLOY", status: "in_progress", image_tag: "main-2", build_id: buildId, swap_committed_at: "2026-11-21T12:00:00.000Z" });
+    expect(swapped).toMatchObject({ deployStatus: "deploying", runningVersion: "main-2", runningBuildId: buildId });
+    expect(swapped.runningSince?.toISOString()).toBe("2026-11-21T12:00:00.000Z");
+    const done = await apply(app, {
+      action_id: actionId,
+      action_type: "DEPLOY",
+      status: "completed",
+      image_tag: "main-2",
+      build_id: buildId,
+      swap_committed_at: "2026-11-21T12:00:00.000Z",
+      completed_at: "2026-11-21T12:00:09.000Z",
+    });
+    expect(done).toMatchObject({ deployStatus: "running", runningVersion: "main-2", runningBuildId: buildId });
+    expect(done.runningSince?.toISOString()).toBe("2026-11-21T12:00:00.000Z");
+  });
+
   it("keeps the routing shape a completed deploy reports, and drops it when the branch is undeployed", async () => {
     const app = await registerApp();
     const deployed = await apply(app, { action_type: "DEPLOY", status: "completed", image_tag: "main-1", result: { mounts: { web: "/", worker: null } } });

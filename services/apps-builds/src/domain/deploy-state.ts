@@ -3,8 +3,11 @@
  * RETRY and UNDEPLOY actions through `action_updated` events:
  *
  * - claimed: `deploying` (`undeploying` for an UNDEPLOY);
- * - completed: `running` with running_version, running_since and running_build_id of the release
- *   (rule 3: a successful retry reports the retried tag; rule 5: a retry has no build id);
+ * - swap committed (still in progress, the old colour draining): running_version, running_since
+ *   and running_build_id name the new release, which serves from then on;
+ * - completed: `running` with running_version, running_since (its swap commit, else its
+ *   completion) and running_build_id of the release (rule 3: a successful retry reports the
+ *   retried tag; rule 5: a retry has no build id);
  *   an UNDEPLOY completed clears them (`undeployed`, rule 4);
  * - failed: `failed` (`undeploy_failed`), the running_* fields still naming what serves (rule 4),
  *   and `deploy_warning` when an older version still serves. A deploy that failed before any
@@ -41,6 +44,8 @@ export interface DeployActionUpdate {
   /** Null while no agent has claimed the action: one that ends unclaimed never ran. */
   claimed_at?: string | null;
   completed_at?: string | null;
+  /** When the route moved to the release: it serves from then on, while the old one drains. */
+  swap_committed_at?: string | null;
   /** When deploy-queue wrote this update: updates apply in this order, whatever order they arrive in. */
   updated_at?: string | null;
   result?: { crash_output?: Record<string, string[]>; purge?: boolean; mounts?: Record<string, string | null> } | null;
@@ -67,6 +72,13 @@ function crashOutput(result: DeployActionUpdate["result"]): Record<string, strin
   return Object.keys(clean).length > 0 ? clean : null;
 }
 
+/** The release of `u` serving since `since`: rules 3 and 5 (a retry reports the retried tag and no build id). */
+function serving(app: App, u: DeployActionUpdate, since: Date): void {
+  app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
+  app.runningSince = since;
+  app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
+}
+
 export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate): Promise<App | null> {
   const app = await em.findOne(App, { groupSlug: u.group_slug, appName: u.app_name, branch: u.branch });
   if (!app) return null;
@@ -90,6 +102,9 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
     case "in_progress":
       app.deployStatus = undeploy ? "undeploying" : "deploying";
       app.lastDeployError = null;
+      // Past the swap commit the release serves (rule: the tag serving now), though the deploy
+      // goes on while the old colour drains; it can only roll forward from there.
+      if (!undeploy && u.swap_committed_at) serving(app, u, new Date(u.swap_committed_at));
       return app;
     case "completed":
       app.lastDeployError = null;
@@ -119,10 +134,8 @@ export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate
           app.cacheEnabled = flags.cache_enabled;
           app.emailEnabled = flags.email_enabled;
         }
-        app.runningVersion = u.image_tag ?? app.runningVersion ?? null;
-        app.runningSince = u.completed_at ? new Date(u.completed_at) : new Date();
+        serving(app, u, new Date(u.swap_committed_at ?? u.completed_at ?? Date.now()));
         app.firstDeployedAt ??= app.runningSince;
-        app.runningBuildId = u.action_type === "DEPLOY" && u.build_id ? u.build_id : null;
         app.runningMounts = mountsOf(u.result);
       }
       return app;

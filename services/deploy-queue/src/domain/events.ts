@@ -21,6 +21,8 @@ export interface ActionUpdated {
   group_slug: string;
   claimed_at: string | null;
   completed_at: string | null;
+  /** When the route moved to the new release (the point of no return): it serves from then on. */
+  swap_committed_at: string | null;
   // Beyond the contract apps-builds reads: what a live view of the queue needs.
   claimed_by: string | null;
   depends_on: string | null;
@@ -102,6 +104,7 @@ export type AnnouncedAction = Pick<
   | "groupSlug"
   | "claimedAt"
   | "completedAt"
+  | "swapCommittedAt"
   | "claimedBy"
   | "dependsOn"
   | "cancelRequested"
@@ -124,6 +127,7 @@ export function actionUpdated(action: AnnouncedAction, now: Date): ActionUpdated
     group_slug: action.groupSlug,
     claimed_at: iso(action.claimedAt),
     completed_at: iso(action.completedAt),
+    swap_committed_at: iso(action.swapCommittedAt),
     claimed_by: action.claimedBy ?? null,
     depends_on: action.dependsOn ?? null,
     cancel_requested: action.cancelRequested,

@@ -153,6 +153,7 @@ function newBuildActions(req: BuildRequested, now: Date): [NewAction, ...NewActi
     claimedAt: null,
     claimedBy: null,
     completedAt: null,
+    swapCommittedAt: null,
     cancelRequested: false,
     admissionCheckReason: null,
     dispatchedTo: null,
