@@ -352,11 +352,12 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             const release = (imageTag: string) => apps.resolveRelease({ caller: inGroup(caller, target.groupSlug), appName: target.appName, branch: target.branch, imageTag });
             // A quarantined app is told its remediation first (spec section 7), whatever there is to retry.
             if (app.preflightStatus !== "ready" && app.preflightStatus !== "exempt") await release("");
-            const failed = await ctx.read((em) => retryTarget(em, target.groupSlug, target.appName, target.branch));
+            const registeredAt = app.createdAt ? new Date(app.createdAt) : null;
+            const failed = await ctx.read((em) => retryTarget(em, target.groupSlug, target.appName, target.branch, registeredAt));
             // The quarantine and the image are checked as for any deploy.
             await release(failed.imageTag ?? "");
             const action = await ctx.write(async (em) => {
-              await lockedRetryTarget(em, target.groupSlug, target.appName, target.branch);
+              await lockedRetryTarget(em, target.groupSlug, target.appName, target.branch, registeredAt);
               return queueAppAction(
                 em,
                 caller,

@@ -89,6 +89,17 @@ describe("retryTarget", () => {
     for (const o of outcomes) if (o.status === "rejected") expect(o.reason).toMatchObject({ status: 409, detail: { code: "nothing_to_retry" } });
   });
 
+  it("counts only the deployments since the branch was registered: an earlier registration's failure is not retried", async () => {
+    await action("shop-again", "DEPLOY", "failed", 10);
+    const registeredAt = new Date(Date.now() - 5 * 60_000);
+    await expect(write((em) => retryTarget(em, "acme", "shop-again", "main", registeredAt))).rejects.toMatchObject({
+      status: 409,
+      detail: { code: "nothing_to_retry", message: "App 'shop-again' (branch main) has no deploy to retry." },
+    });
+    const failed = await action("shop-again", "DEPLOY", "failed", 1);
+    expect((await write((em) => retryTarget(em, "acme", "shop-again", "main", registeredAt))).id).toBe(failed.id);
+  });
+
   it("refuses nothing_to_retry when the latest deployment did not fail", async () => {
     await action("blog", "DEPLOY", "failed", 10);
     await action("blog", "RETRY", "completed", 5);

@@ -253,11 +253,15 @@ export async function branchBuildTags(em: EntityManager, target: { groupSlug: st
   return [...new Set(builds.map((b) => b.imageTag!))].sort();
 }
 
-/** The failed DEPLOY (or RETRY) a retry re-runs: the latest deployment of the branch, which must have failed. */
-export async function retryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
+/**
+ * The failed DEPLOY (or RETRY) a retry re-runs: the latest deployment of the branch, which must
+ * have failed. Only deployments since the branch was registered (`registeredAt`) count: those of
+ * an earlier registration of the name, deleted since, are not this one's to retry.
+ */
+export async function retryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string, registeredAt: Date | null = null): Promise<Action> {
   const latest = await em.findOne(
     Action,
-    { groupSlug, appName, branch, actionType: { $in: ["DEPLOY", "RETRY", "UNDEPLOY"] } },
+    { groupSlug, appName, branch, actionType: { $in: ["DEPLOY", "RETRY", "UNDEPLOY"] }, ...(registeredAt ? { createdAt: { $gte: registeredAt } } : {}) },
     { orderBy: { createdAt: "desc", id: "desc" } },
   );
   // An undeploy since the failed deploy was the last word: a retry would bring the branch back.
@@ -294,9 +298,9 @@ export async function retryTarget(em: EntityManager, groupSlug: string, appName:
  * `retryTarget` in the transaction that queues the RETRY, under a lock held until it commits: of
  * concurrent retries of one failed deploy, one queues and the others find that RETRY latest (409).
  */
-export async function lockedRetryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string): Promise<Action> {
+export async function lockedRetryTarget(em: EntityManager, groupSlug: string, appName: string, branch: string, registeredAt: Date | null = null): Promise<Action> {
   await advisoryLocks(em, [`deploy_queue.retry.${groupSlug}/${appName}/${branch}`]);
-  return retryTarget(em, groupSlug, appName, branch);
+  return retryTarget(em, groupSlug, appName, branch, registeredAt);
 }
 
 /**
