@@ -167,7 +167,17 @@ describe("deleting a group", () => {
   it("refuses while the group owns apps, then deletes it with its keys once they are gone", async () => {
     const refused = await call(api, "DELETE", "/groups/acme-co", { credential: fleet.rootKey });
     expect(refused).toMatchObject({ status: 409, body: { detail: { code: "group_has_apps", app_count: 3 } } });
-    for (const app of ["roadrunner", "coyote", "anvil"]) expect((await call(api, "DELETE", `/apps/${app}`, { credential: acmeKey })).status).toBe(204);
+    for (const app of ["roadrunner", "coyote", "anvil"]) {
+      // No agent runs here: a build still queued keeps its branch (409 build_in_flight) until it is cancelled.
+      for (const _ of (await call(api, "GET", `/builds?app_name=${app}`, { credential: acmeKey })).body.items) {
+        const deleting = await call(api, "DELETE", `/apps/${app}`, { credential: acmeKey });
+        expect(deleting).toMatchObject({ status: 409, body: { detail: { code: "build_in_flight" } } });
+        const buildId = deleting.body.detail.build_id as string;
+        expect((await call(api, "POST", `/deployments/${buildId}/cancel`, { credential: acmeKey })).body.status).toBe("cancelled");
+        await expect.poll(async () => (await call(api, "GET", `/builds/id/${buildId}`, { credential: acmeKey })).body.status, { timeout: 10_000 }).toBe("cancelled");
+      }
+      expect((await call(api, "DELETE", `/apps/${app}`, { credential: acmeKey })).status).toBe(204);
+    }
 
     expect((await call(api, "DELETE", "/groups/acme-co", { credential: fleet.rootKey })).status).toBe(204);
     const groups = (await call(api, "GET", "/groups", { credential: fleet.rootKey })).body.items.map((g: { slug: string }) => g.slug);
