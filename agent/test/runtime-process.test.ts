@@ -393,6 +393,19 @@ describe("ProcessDriver after an agent restart", () => {
   });
 });
 
+/** A replica that starts `n` processes at once, then says how many started and how many were refused. */
+const forking = (n: number) => `
+  const { spawn } = require("node:child_process");
+  let started = 0, refused = 0;
+  for (let i = 0; i < ${n}; i++) {
+    const child = spawn("sleep", ["30"], { stdio: "ignore" });
+    child.on("spawn", () => started++);
+    child.on("error", () => refused++);
+  }
+  setTimeout(() => console.log("started " + started + " refused " + refused), 2000);
+  setInterval(() => undefined, 1000);
+`;
+
 describe("ProcessDriver limits", () => {
   it.skipIf(!memory.ok)(`OOM-kills a replica beyond its 64 MiB cgroup limit and reports oomKilled${noMemory}`, async () => {
     const driver = newDriver();
@@ -422,17 +435,7 @@ describe("ProcessDriver limits", () => {
     const driver = new ProcessDriver({ runDir, runAs: TENANT, pidsMax: 48 });
     drivers.push(driver);
     const lines = output(driver);
-    const script = `
-      const { spawn } = require("node:child_process");
-      let started = 0, refused = 0;
-      for (let i = 0; i < 80; i++) {
-        const child = spawn("sleep", ["30"], { stdio: "ignore" });
-        child.on("spawn", () => started++);
-        child.on("error", () => refused++);
-      }
-      setTimeout(() => console.log("started " + started + " refused " + refused), 2000);
-      setInterval(() => undefined, 1000);
-    `;
+    const script = forking(80);
     const spec = makeSpec(nodeCommand(script));
     await driver.start(spec);
     const record = JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { pidsCgroup: string };
@@ -455,17 +458,7 @@ describe("ProcessDriver limits", () => {
     const driver = new ProcessDriver({ runDir, runAs: TENANT, pidsMax: 1024, tenants });
     drivers.push(driver);
     const lines = output(driver);
-    const script = `
-      const { spawn } = require("node:child_process");
-      let started = 0, refused = 0;
-      for (let i = 0; i < 30; i++) {
-        const child = spawn("sleep", ["30"], { stdio: "ignore" });
-        child.on("spawn", () => started++);
-        child.on("error", () => refused++);
-      }
-      setTimeout(() => console.log("started " + started + " refused " + refused), 2000);
-      setInterval(() => undefined, 1000);
-    `;
+    const script = forking(30);
     const specs = [makeSpec(nodeCommand(script), { memoryMb: 128 }), makeSpec(nodeCommand(script), { memoryMb: 128 })];
     for (const spec of specs) await driver.start(spec);
     const records = await Promise.all(specs.map(async (spec) => JSON.parse(await readFile(path.join(runDir, "replicas", spec.id, "replica.json"), "utf8")) as { cgroup: string; pidsCgroup: string }));
