@@ -126,7 +126,7 @@ export function varRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         summary: "Set variables of one app branch: merged with the existing ones; effective at the next deploy.",
         description:
           "Names not sent are kept. Values are strings of at most 32 KiB (UTF-8) without NUL characters; a branch holds at most " +
-          "500 variables. `PORT` and names starting with `PLATFORM_` are reserved (422): the platform sets them in every replica's environment itself. " +
+          "500 variables, adding up to at most 1 MiB (`NAME=value` each, UTF-8: what a replica's environment can take; past it 422 `variables_too_large`, copies included). `PORT` and names starting with `PLATFORM_` are reserved (422): the platform sets them in every replica's environment itself. " +
           "Every name and value is checked before anything is written (422). Answers the document after the merge; " +
           "a request that changes nothing leaves `updated_at` as it was.",
         params: appName,

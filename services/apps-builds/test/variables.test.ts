@@ -218,6 +218,24 @@ describe("PUT variables", () => {
     expect((await refusal(put("crowded", "main", { ONE_MORE: "v" }))).status).toBe(422);
   });
 
+  it("holds a branch's variables to 1 MiB together, what a replica's environment can take, copies included", async () => {
+    await register("bulky", "main");
+    await register("bulky", "staging");
+    const chunk = (from: number) => Object.fromEntries(Array.from({ length: 10 }, (_, i) => [`BIG_${from + i}`, "x".repeat(32 * 1024 - 16)]));
+    for (let from = 0; from < 30; from += 10) await put("bulky", "staging", chunk(from));
+    // 30 values of 32 KiB are under 1 MiB; three more pass it.
+    const e = await refusal(put("bulky", "staging", { BIG_30: "x".repeat(32 * 1024), BIG_31: "x".repeat(32 * 1024), BIG_32: "x".repeat(32 * 1024) }));
+    expect(e).toMatchObject({ status: 422, detail: { code: "variables_too_large", message: expect.stringContaining("at most 1024 KiB") } });
+    expect(Object.keys((await client.getVariables({ caller: acme, appName: "bulky", branch: "staging" })).variables)).toHaveLength(30);
+    // Changing a value to a smaller one is taken, whatever the total.
+    expect((await put("bulky", "staging", { BIG_0: "small" })).variables.BIG_0).toBe("small");
+    // A copy that would pass it is refused too, writing nothing.
+    await put("bulky", "main", { ...chunk(100), ...chunk(110) });
+    const copy = await refusal(client.copyVariablesFromBranch({ caller: acme, appName: "bulky", branch: "staging", sourceBranch: "main", expectedUpdatedAt: (await client.previewVariablesCopy({ caller: acme, appName: "bulky", branch: "staging", sourceBranch: "main" })).destinationUpdatedAt }));
+    expect(copy).toMatchObject({ status: 422, detail: { code: "variables_too_large" } });
+    expect(Object.keys((await client.getVariables({ caller: acme, appName: "bulky", branch: "staging" })).variables)).toHaveLength(30);
+  });
+
   it("is 404 for a branch the app does not have", async () => {
     expect((await refusal(put("putter", "nope", { A: "1" }))).status).toBe(404);
   });

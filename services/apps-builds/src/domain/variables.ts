@@ -120,9 +120,27 @@ export function checkValue(key: string, value: unknown): string {
   return value;
 }
 
-function checkCount(count: number, branch: string): void {
-  if (count > MAX_KEYS_PER_BRANCH) {
-    throw PlatformError.invalid(`Branch '${branch}' would have ${count} variables; at most ${MAX_KEYS_PER_BRANCH} are allowed.`);
+/**
+ * What a branch's variables may add up to (`NAME=value` each, in UTF-8). A replica's environment
+ * holds them all, and the kernel refuses to start a process whose environment and arguments pass
+ * about 2 MiB (E2BIG): 500 values of 32 KiB would never deploy. 1 MiB leaves room for the rest.
+ */
+export const MAX_BRANCH_BYTES = 1024 * 1024;
+
+/** The count and size rules of a branch's variables as a write would leave them: its rows, then `writes` over them. */
+function checkBranchAfter(rows: Map<string, { value: string }>, writes: Iterable<readonly [string, string]>, branch: string): void {
+  const values = new Map([...rows].map(([k, r]) => [k, r.value]));
+  for (const [k, v] of writes) values.set(k, v);
+  if (values.size > MAX_KEYS_PER_BRANCH) {
+    throw PlatformError.invalid(`Branch '${branch}' would have ${values.size} variables; at most ${MAX_KEYS_PER_BRANCH} are allowed.`);
+  }
+  let bytes = 0;
+  for (const [k, v] of values) bytes += Buffer.byteLength(k, "utf8") + 1 + Buffer.byteLength(v, "utf8");
+  if (bytes > MAX_BRANCH_BYTES) {
+    throw PlatformError.invalid({
+      code: "variables_too_large",
+      message: `Branch '${branch}' would hold ${Math.ceil(bytes / 1024)} KiB of variables (names and values); at most ${MAX_BRANCH_BYTES / 1024} KiB fit in a replica's environment.`,
+    });
   }
 }
 
@@ -215,7 +233,7 @@ export async function putVariables(
   const loaded = await loadVariables(em, app);
   const changed = entries.filter(([k, v]) => loaded.rows.get(k)?.value !== v);
   if (changed.length > 0) {
-    checkCount(loaded.rows.size + changed.filter(([k]) => !loaded.rows.has(k)).length, app.branch);
+    checkBranchAfter(loaded.rows, changed, app.branch);
     const at = restamp(em, app, loaded, actorOf(caller));
     for (const [k, v] of changed) setVariable(em, app, loaded, k, v, at);
   }
@@ -364,7 +382,7 @@ export async function copyFromBranch(em: EntityManager, caller: Caller, appName:
   }
   const writes = [...result.copied, ...result.overwritten];
   if (writes.length > 0) {
-    checkCount(into.rows.size + result.copied.length, destination.branch);
+    checkBranchAfter(into.rows, writes.map((key) => [key, from.rows.get(key)!.value] as const), destination.branch);
     const at = restamp(em, destination, into, actorOf(caller));
     for (const key of writes) setVariable(em, destination, into, key, from.rows.get(key)!.value, at);
     result.destinationUpdatedAt = at;
@@ -418,7 +436,7 @@ export async function copyVarsForRegistration(em: EntityManager, newApp: App, so
   const from = await loadVariables(em, source);
   const copied = [...from.rows.keys()].filter((k) => !into.rows.has(k)).sort(byName);
   if (copied.length > 0) {
-    checkCount(into.rows.size + copied.length, newApp.branch);
+    checkBranchAfter(into.rows, copied.map((key) => [key, from.rows.get(key)!.value] as const), newApp.branch);
     const at = restamp(em, newApp, into, newApp.createdBy);
     for (const key of copied) setVariable(em, newApp, into, key, from.rows.get(key)!.value, at);
   }
