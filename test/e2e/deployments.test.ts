@@ -127,6 +127,12 @@ describe("a build deployed by the agent", () => {
     const history = await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme });
     expect(history.body.items[0]).toMatchObject({ deployment_id: id, status: "completed", image_tag: first.tag, env_vars_snapshot: { GREETING: "hello-vars" } });
     expect(history.body.items[0].duration_seconds).toEqual(expect.any(Number));
+    // The variables, secrets, are shown there alone: not by the queue's view of the action.
+    for (const credential of [acme, fleet.rootKey]) {
+      const queued = await call(api, "GET", `/deployments/queue/${id}?group=acme`, { credential });
+      expect(queued.status).toBe(200);
+      expect(JSON.stringify(queued.body)).not.toContain("hello-vars");
+    }
     // Slugs are lower case: NODE-WEB names the app node-web, as in every other route.
     expect((await call(api, "GET", `/deployments?app_name=${APP.toUpperCase()}`, { credential: acme })).body).toEqual(list.body);
     expect((await call(api, "GET", `/deployments/history?app_name=${APP.toUpperCase()}`, { credential: acme })).body).toEqual(history.body);

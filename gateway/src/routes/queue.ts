@@ -97,7 +97,7 @@ const queueRowRequired = Object.keys(queueRowProperties);
 const queueRowSchema = { type: "object", properties: queueRowProperties, required: queueRowRequired } as const;
 const queueActionSchema = {
   type: "object",
-  properties: { ...queueRowProperties, result: { type: ["object", "null"], additionalProperties: true, description: "What the agent reported when it finished (per-phase output, commit, images). Where it ran (`host`, `runtime`, `instance_status`) is shown to platform operators only, as on deployments." } },
+  properties: { ...queueRowProperties, result: { type: ["object", "null"], additionalProperties: true, description: "What the agent reported when it finished (per-phase output, commit, images). Where it ran (`host`, `runtime`, `instance_status`) is shown to platform operators only, as on deployments; the variables a deploy ran with only by its deployment history (GET /api/deployments/history)." } },
   required: [...queueRowRequired, "result"],
 } as const;
 

@@ -32,10 +32,16 @@ const opt = (s: string | null | undefined) => (s === null || s === undefined ? u
  * the result is shown.
  */
 const OPERATOR_ONLY_RESULT_KEYS = ["instance_status", "host", "runtime"];
+/**
+ * The variables a release ran with: secrets, shown once, by the deployment history (spec 2.4),
+ * never with the queue's view of the action.
+ */
+const HISTORY_ONLY_RESULT_KEYS = ["env_vars_snapshot"];
 
 function resultFor(result: Record<string, unknown>, caller: Caller | undefined): Record<string, unknown> {
-  if (!caller || caller.platformOperator) return result;
-  return Object.fromEntries(Object.entries(result).filter(([key]) => !OPERATOR_ONLY_RESULT_KEYS.includes(key)));
+  if (!caller) return result;
+  const hidden = caller.platformOperator ? HISTORY_ONLY_RESULT_KEYS : [...HISTORY_ONLY_RESULT_KEYS, ...OPERATOR_ONLY_RESULT_KEYS];
+  return Object.fromEntries(Object.entries(result).filter(([key]) => !hidden.includes(key)));
 }
 
 /** An action as a message; with `caller`, as that caller may see it (without it, for agents). */
