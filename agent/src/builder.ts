@@ -88,6 +88,11 @@ export interface BuildDeps {
   /** Where each build command gets a cgroup weighing its processes together on the CPU (createCpuCgroup). */
   cpu?: { cgroup(): Promise<CgroupParent | null> };
   /**
+   * Aborted when the queue says the build was cancelled while a command runs: the command is
+   * killed then, rather than run to its end before the next phase hears of the cancel.
+   */
+  signal?: AbortSignal;
+  /**
    * The most a build's output may add up to, holes of sparse files counted (AGENT_IMAGE_MAX_MB):
    * what a deploy could have to write out, as root, from an archive a thousand times smaller.
    * Unbounded when absent or 0.
@@ -160,6 +165,8 @@ function runCommand(
     room?: () => Promise<void> | null;
     /** How to spawn a command wrapped with a network of its own (Sandbox.wrap). */
     network?: OwnNetwork | null;
+    /** Aborted: the command is killed at once (the build was cancelled). */
+    signal?: AbortSignal;
   },
 ): Promise<{ code: number | null; timedOut: boolean; networkProblem?: string }> {
   const remaining = opts.deadline - Date.now();
@@ -182,6 +189,7 @@ function runCommand(
       timedOut = true;
       kill();
     }, remaining);
+    opts.signal?.addEventListener("abort", kill, { once: true });
     let networkProblem: string | undefined;
     opts.network?.attach(child).catch((e: Error) => {
       networkProblem = e.message;
@@ -245,6 +253,7 @@ function runCommand(
       if (settled) return;
       settled = true;
       clearTimeout(timer);
+      opts.signal?.removeEventListener("abort", kill);
       clearTimeout(drain);
       out.end();
       err.end();
@@ -472,8 +481,10 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
           onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
           room: logRoom,
           network: wrapped?.network,
+          signal: deps.signal,
         });
       });
+      if (deps.signal?.aborted) throw new BuildCancelled(`Cancelled during ${current}.`);
       if (run.networkProblem) throw new BuildFailure(`The build command of service ${name} could not be given its network: ${run.networkProblem}`);
       if (run.timedOut) throw new BuildFailure(`The build of service ${name} exceeded the build's time limit.`);
       if (run.code !== 0 && run.oomKilled) {

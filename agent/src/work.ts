@@ -32,6 +32,8 @@ const ENDED_KEPT = 1000;
 const ASK_AGAIN_MAX = 3;
 /** How often a running action tells the queue it is alive (stuck_class). */
 const ALIVE_REPORT_MS = 20_000;
+/** A build reports more often: its answer says a cancel, and the command running is then stopped. */
+const BUILD_ALIVE_REPORT_MS = 2_000;
 /** How long a phase report is tried again while the queue is out of reach (a restart, say). */
 const PHASE_REPORT_PATIENCE_MS = 30_000;
 
@@ -225,13 +227,23 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       return reports.enter(name, opts);
     };
     // The queue must see a long action is alive (stuck_class); the bus keeps its message from redelivery.
-    const keepAlive = setInterval(() => {
-      void queue.reportProgress({ actionId, hostId, phase: phaseNow, message: "" }).catch(() => undefined);
-    }, ALIVE_REPORT_MS);
+    // Its answer also says when a build was cancelled meanwhile (or is no longer this host's).
+    const cancelled = new AbortController();
+    const keepAlive = setInterval(
+      () => {
+        void queue
+          .reportProgress({ actionId, hostId, phase: phaseNow, message: "" })
+          .then((answer) => {
+            if (answer.cancelRequested) cancelled.abort();
+          })
+          .catch(() => undefined);
+      },
+      actionType === "BUILD" ? BUILD_ALIVE_REPORT_MS : ALIVE_REPORT_MS,
+    );
     try {
       let outcome: { status: string; error_message: string; result: unknown };
       try {
-        outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase) : await runDeployAction(actionType, action.payloadJson, phase);
+        outcome = actionType === "BUILD" ? await runBuildAction(action.payloadJson, phase, cancelled.signal) : await runDeployAction(actionType, action.payloadJson, phase);
       } catch (err) {
         // An action that throws has failed. Said so once, it is not run again: a redelivered
         // message would resume it on this host, and a lasting error would loop for ever.
@@ -256,13 +268,13 @@ export async function startWorkLane(opts: WorkOptions): Promise<WorkLane> {
       opts.log({ action_id: actionId, app_name: job.app_name, branch: job.branch, group_slug: job.group_slug, level: line.level, message: line.message, service_name: line.service_name, ...rest });
     }
 
-    async function runBuildAction(payloadJson: string, phase: PhaseFn) {
+    async function runBuildAction(payloadJson: string, phase: PhaseFn, signal: AbortSignal) {
       const job = JSON.parse(payloadJson) as BuildJob;
       job.action_id = actionId;
       const log: BuildDeps["log"] = (line) => shipLine(job, line, { source: "build", build_id: job.build_id });
       // A build is not resumed half-way: what the stopped agent had done is thrown away.
       const notice = resumed ? `The agent on host ${hostId} restarted while this build ran; the build starts again from the clone.` : undefined;
-      return runBuild(job, { ...opts.build, hostId, log, phase, notice });
+      return runBuild(job, { ...opts.build, hostId, log, phase, notice, signal });
     }
 
     async function runDeployAction(type: string, payloadJson: string, phase: PhaseFn) {

@@ -177,6 +177,32 @@ it("fails a build whose output adds up to more than an image may hold, sparse fi
   }
 });
 
+it("kills the build command at once when the queue says cancel while it runs, and ends cancelled", async () => {
+  const slow = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("echo started && sleep 60") } });
+  try {
+    const cancel = new AbortController();
+    const lines: string[] = [];
+    const started = Date.now();
+    const outcome = await runBuild(
+      { ...job("main-00000041", false), repository: slow.url },
+      {
+        ...deps(),
+        signal: cancel.signal,
+        log: (line) => {
+          lines.push(line.message);
+          if (line.message === "started") setTimeout(() => cancel.abort(), 200);
+        },
+      },
+    );
+    expect(outcome).toMatchObject({ status: "cancelled", error_message: "Cancelled during build:web." });
+    expect(Date.now() - started).toBeLessThan(20_000);
+    expect(lines).toContain("started");
+    await expect(stat(path.join(dir, "images", "node-web", "main-00000041.tar.gz"))).rejects.toThrow(/ENOENT/);
+  } finally {
+    await slow.cleanup();
+  }
+});
+
 it("stops before packaging when the queue took a cancel while the build command ran", async () => {
   // The queue as the agent hears it: answers come back later than the reports (phaseReports).
   let cancelRequested = false;

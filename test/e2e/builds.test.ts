@@ -209,6 +209,24 @@ describe("a build on a real agent", () => {
     }
   });
 
+  it("stops a running build's command when it is cancelled, instead of letting it run to its end", async () => {
+    const slow = await makeFixtureRepo("node-web", { files: { "platform.yaml": webConfigBuiltBy("sleep 120") } });
+    try {
+      const r = await call(api, "POST", "/builds?skip_preflight=true", { credential: acme, body: { app_name: "cancelled-build", repository: slow.url, auto_deploy: false } });
+      expect(r.status).toBe(202);
+      await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body.phase, { timeout: 60_000 }).toBe("build:web");
+      expect((await call(api, "POST", `/deployments/${r.body.build_id}/cancel`, { credential: acme })).body.status).toBe("cancel_requested");
+      const asked = Date.now();
+      const build = await untilFinished(acme, r.body.build_id);
+      expect(build.status).toBe("cancelled");
+      await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${r.body.action_id}`, { credential: acme })).body.error_message, { timeout: 10_000 }).toBe("Cancelled during build:web.");
+      // The agent hears of it within a couple of its 2 s reports, not after the command's 120 s.
+      expect(Date.now() - asked).toBeLessThan(30_000);
+    } finally {
+      await slow.cleanup();
+    }
+  });
+
   it("shows the commit of a running build, and runs a build again from the clone when its agent restarted during it, saying why in its log", async () => {
     const slow = await makeFixtureRepo("node-web", { files: { "build.js": "setTimeout(() => console.log('slow build done'), 4000);\n" } });
     try {
