@@ -16,7 +16,7 @@ import { pairSafeEnd } from "@platform/bus";
 import type { AppOfLine } from "@platform/logship";
 import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
-import { DEFAULT_PATH } from "./quiet-command.ts";
+import { DEFAULT_PATH, endedWith, runQuietly } from "./quiet-command.ts";
 import type { OwnNetwork, Sandbox } from "./sandbox.ts";
 import { createCpuCgroup, createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
 
@@ -324,11 +324,12 @@ async function withLimits<R>(deps: BuildDeps, name: string, run: (cgroups: strin
 
 /** What the tree under `dir` adds up to, in whole MB rounded up, without its .git: each file's length, holes included. */
 async function apparentSizeMb(dir: string, deadline: number): Promise<number> {
-  const said: string[] = [];
-  const du = await runCommand(["du", "-s", "--apparent-size", "--block-size=1M", "--exclude=./.git", "."], { cwd: dir, env: { PATH: process.env.PATH }, deadline, onLine: (line) => void said.push(line) });
-  if (du.timedOut) throw new BuildFailure("Measuring the build output exceeded the build's time limit.");
-  const mb = Number(/^(\d+)\s/.exec(said.find((l) => /^\d+\s/.test(l)) ?? "")?.[1]);
-  if (du.code !== 0 || !Number.isFinite(mb)) throw new Error(`du could not measure the build output (exit ${du.code}): ${said.join(" ").slice(0, 300)}`);
+  const remaining = deadline - Date.now();
+  if (remaining <= 0) throw new BuildFailure("Measuring the build output exceeded the build's time limit.");
+  const du = await runQuietly("du", ["-s", "--apparent-size", "--block-size=1M", "--exclude=./.git", "."], { cwd: dir, timeoutMs: remaining, stdout: true });
+  if (du.signal) throw new BuildFailure("Measuring the build output exceeded the build's time limit.");
+  const mb = Number(/^(\d+)\s/.exec(du.stdout)?.[1]);
+  if (du.code !== 0 || !Number.isFinite(mb)) throw new Error(`du could not measure the build output (${endedWith(du)}): ${du.stderr.slice(0, 300)}`);
   return mb;
 }
 

@@ -26,25 +26,35 @@ export function findHostTool(name: string): Promise<string | null> {
   return findOnPath(name, `${process.env.PATH ?? ""}:/usr/sbin:/usr/bin:/sbin:/bin`);
 }
 
-const STDERR_KEPT = 2000;
+/** How much of a command's output is kept: a quiet command says little. */
+const OUTPUT_KEPT = 2000;
 
 export interface QuietOutcome {
   code: number | null;
   signal: NodeJS.Signals | null;
   /** The start of its stderr, trimmed. */
   stderr: string;
+  /** The start of its stdout, trimmed; empty unless asked for (`stdout`). */
+  stdout: string;
 }
 
-/** Runs `file args` (with `input` on its stdin); rejects only when it could not be started. */
-export function runQuietly(file: string, args: string[], opts: { input?: string; timeoutMs?: number } = {}): Promise<QuietOutcome> {
+/**
+ * Runs `file args` (with `input` on its stdin, in `cwd`, keeping the start of its stdout when
+ * `stdout`); rejects only when it could not be started.
+ */
+export function runQuietly(file: string, args: string[], opts: { input?: string; timeoutMs?: number; cwd?: string; stdout?: boolean } = {}): Promise<QuietOutcome> {
   return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { stdio: [opts.input === undefined ? "ignore" : "pipe", "ignore", "pipe"], timeout: opts.timeoutMs });
+    const child = spawn(file, args, { cwd: opts.cwd, stdio: [opts.input === undefined ? "ignore" : "pipe", opts.stdout ? "pipe" : "ignore", "pipe"], timeout: opts.timeoutMs });
     let stderr = "";
+    let stdout = "";
     child.stderr!.on("data", (chunk: Buffer) => {
-      if (stderr.length < STDERR_KEPT) stderr += chunk.toString("utf8");
+      if (stderr.length < OUTPUT_KEPT) stderr += chunk.toString("utf8");
+    });
+    child.stdout?.on("data", (chunk: Buffer) => {
+      if (stdout.length < OUTPUT_KEPT) stdout += chunk.toString("utf8");
     });
     child.once("error", reject);
-    child.once("close", (code, signal) => resolve({ code, signal, stderr: stderr.trim() }));
+    child.once("close", (code, signal) => resolve({ code, signal, stderr: stderr.trim(), stdout: stdout.trim() }));
     if (opts.input !== undefined) {
       // A command that exits before reading all of its input closes the pipe: its exit status says why.
       child.stdin!.on("error", () => undefined);
