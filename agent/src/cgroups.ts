@@ -36,8 +36,9 @@ const UNLIMITED: Record<Controller, Record<1 | 2, [file: string, value: string]>
 
 /**
  * The CPU weight of each replica's and build's cgroup: about that of one process at nice 10
- * (TENANT_NICENESS) against the host's processes at nice 0 (1024 shares, weight 100), so that a
- * tenant with many busy processes weighs no more than one.
+ * (TENANT_NICENESS), so that a tenant with many busy processes weighs no more than one. They
+ * share the tenants' cgroup, which keeps the default weight (1024 shares, weight 100): all tenant
+ * code together weighs as one of the host's processes at nice 0 against the platform's.
  */
 export const TENANT_CPU_WEIGHT: Record<1 | 2, [file: string, value: string]> = { 1: ["cpu.shares", "110"], 2: ["cpu.weight", "10"] };
 
