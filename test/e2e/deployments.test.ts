@@ -34,6 +34,17 @@ const getApp = async () => (await call(api, "GET", `/apps/${APP}`, { credential:
 const appAfter = async (status: string) => waitFor(getApp, (a) => a.last_deploy_status === status);
 
 /** Builds HEAD with auto-deploy; resolves with the build and its deploy once the deploy is terminal. */
+/** Runs `check` with the fixture's build made `seconds` slower, then commits its config back. */
+async function withSlowBuild(seconds: number, check: () => Promise<void>): Promise<void> {
+  const config = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
+  await web.commit("a slow build", { "platform.yaml": webConfigBuiltBy(`sleep ${seconds} && node build.js`) });
+  try {
+    await check();
+  } finally {
+    await web.commit("the fixture's config again", { "platform.yaml": config });
+  }
+}
+
 async function buildAndDeploy(): Promise<{ tag: string; buildId: string; deploy: Record<string, any> }> {
   const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
   expect(b.status).toBe(202);
@@ -303,21 +314,20 @@ describe("save-config on a running app", () => {
 describe("cancel", () => {
   it("cancels a queued deploy outright", async () => {
     // A slow build keeps its dependent deploy queued for long enough.
-    const platformYaml = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
-    await web.commit("slow build", { "platform.yaml": platformYaml.replace("build: node build.js", "build: sleep 4 && node build.js") });
-    const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
-    const deploy = await waitFor(
-      async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.find((a: any) => a.depends_on === b.body.build_id),
-      (d) => !!d,
-    );
-    const running = (await getApp()).running_version as string;
-    const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme });
-    expect(r.body).toMatchObject({ status: "cancelled", cancelled: true });
-    // The tag that served when it was queued, though no agent ever ran it.
-    expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.previous_tag).toBe(running);
-    await waitFor(async () => (await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);
-    expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.status).toBe("cancelled");
-    await web.commit("fast build again", { "platform.yaml": platformYaml });
+    await withSlowBuild(4, async () => {
+      const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
+      const deploy = await waitFor(
+        async () => (await call(api, "GET", `/deployments/queue?app_name=${APP}`, { credential: acme })).body.find((a: any) => a.depends_on === b.body.build_id),
+        (d) => !!d,
+      );
+      const running = (await getApp()).running_version as string;
+      const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme });
+      expect(r.body).toMatchObject({ status: "cancelled", cancelled: true });
+      // The tag that served when it was queued, though no agent ever ran it.
+      expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.previous_tag).toBe(running);
+      await waitFor(async () => (await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);
+      expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.status).toBe("cancelled");
+    });
   });
 
   it("stops an in-flight deploy before the swap, during its health check; the running version keeps serving", async () => {
@@ -576,9 +586,7 @@ describe("undeploy", () => {
   });
 
   it("cancels a deploy waiting for its build once an undeploy asked for after it has started: the build does not bring the app back", async () => {
-    const config = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
-    await web.commit("a slow build", { "platform.yaml": webConfigBuiltBy("sleep 3 && node build.js") });
-    try {
+    await withSlowBuild(3, async () => {
       const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: true } });
       expect(b.status).toBe(202);
       expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })).status).toBe(202);
@@ -590,9 +598,7 @@ describe("undeploy", () => {
       expect(deploy).toMatchObject({ status: "cancelled", error_message: expect.stringMatching(/^Superseded: the undeploy .* requested after this one has already started\.$/) });
       expect((await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status).toBe("completed");
       expect(await getApp()).toMatchObject({ deploy_status: "undeployed", running_version: null, urls: [] });
-    } finally {
-      await web.commit("the fixture's config again", { "platform.yaml": config });
-    }
+    });
   });
 
   it("with purge also deletes the branch's images and builds", async () => {
@@ -605,9 +611,7 @@ describe("undeploy", () => {
   });
 
   it("with purge cancels a build of the branch in flight and waits for it to end: no build outlives the purge", async () => {
-    const config = await readFile(path.join(web.dir, "platform.yaml"), "utf8");
-    await web.commit("a slow build", { "platform.yaml": webConfigBuiltBy("sleep 4 && node build.js") });
-    try {
+    await withSlowBuild(4, async () => {
       const b = await call(api, "POST", "/builds", { credential: acme, body: { app_name: APP, repository: web.url, auto_deploy: false } });
       expect(b.status).toBe(202);
       await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${b.body.action_id}`, { credential: acme })).body.phase, { timeout: 60_000 }).toBe("build:web");
@@ -620,9 +624,7 @@ describe("undeploy", () => {
       await expect.poll(async () => (await call(api, "GET", `/builds?app_name=${APP}`, { credential: acme })).body.total, { timeout: 30_000 }).toBe(0);
       expect((await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).status).toBe(404);
       expect(await getApp()).toMatchObject({ latest_build: null });
-    } finally {
-      await web.commit("the fixture's config again", { "platform.yaml": config });
-    }
+    });
   });
 });
 
