@@ -316,10 +316,6 @@ export const gatewayEnv = {
   ...(serviceUrl("identity") as Record<"IDENTITY_URL", VarSpec>),
   ...(serviceUrl("apps-builds") as Record<"APPS_BUILDS_URL", VarSpec>),
   ...(serviceUrl("deploy-queue") as Record<"DEPLOY_QUEUE_URL", VarSpec>),
-  ...(serviceUrl("domains-dns") as Record<"DOMAINS_DNS_URL", VarSpec>),
-  ...(serviceUrl("mailer") as Record<"MAILER_URL", VarSpec>),
-  ...(serviceUrl("storage") as Record<"STORAGE_URL", VarSpec>),
-  ...(serviceUrl("hooks") as Record<"HOOKS_URL", VarSpec>),
   ...(serviceUrl("health-aggregator") as Record<"HEALTH_AGGREGATOR_URL", VarSpec>),
   CREDENTIAL_CACHE_TTL_MS: {
     type: "int",

@@ -151,8 +151,8 @@ describe("loadConfig", () => {
     expect(identity.RPC_PORT).toBe(7001);
     expect(identity.BUS_PREFIX).toBe("");
     expect(identity.OTEL_EXPORTER_OTLP_ENDPOINT).toBeUndefined();
-    expect(loadConfig(gatewayEnv, {}).HOOKS_URL).toBe("http://127.0.0.1:7007");
-    expectConfigError(() => loadConfig(gatewayEnv, { HOOKS_URL: "hooks:7007" }), "HOOKS_URL");
+    expect(loadConfig(gatewayEnv, {}).HEALTH_AGGREGATOR_URL).toBe("http://127.0.0.1:7008");
+    expectConfigError(() => loadConfig(gatewayEnv, { HEALTH_AGGREGATOR_URL: "health-aggregator:7008" }), "HEALTH_AGGREGATOR_URL");
     expectConfigError(() => loadConfig(serviceEnv("mailer"), { DATABASE_URL: "mysql://h/db" }), "DATABASE_URL");
     expectConfigError(() => loadConfig(serviceEnv("mailer"), { LOG_LEVEL: "loud" }), "LOG_LEVEL");
   });
