@@ -11,10 +11,10 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat } 
 import path from "node:path";
 import { StringDecoder } from "node:string_decoder";
 import type { Readable } from "node:stream";
-import { normalizeAppConfig, parseAppConfigYaml, problemText, problemsSummary } from "@platform/app-config";
+import { checkRepositoryUrl, normalizeAppConfig, parseAppConfigYaml, problemText, problemsSummary } from "@platform/app-config";
 import { pairSafeEnd } from "@platform/bus";
 import type { AppOfLine } from "@platform/logship";
-import { checkConfigPath, checkRepositoryUrl, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
+import { checkConfigPath, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
 import { DEFAULT_PATH, endedWith, runQuietly } from "./quiet-command.ts";
 import type { OwnNetwork, Sandbox } from "./sandbox.ts";

@@ -20,7 +20,7 @@
 import { spawn } from "node:child_process";
 import { mkdir, mkdtemp, readdir, rm, stat } from "node:fs/promises";
 import path from "node:path";
-import { MAX_CONFIG_BYTES, parseAppConfigYaml, type ConfigProblem } from "@platform/app-config";
+import { checkRepositoryUrl, MAX_CONFIG_BYTES, parseAppConfigYaml, type ConfigProblem } from "@platform/app-config";
 import { answerWorking, subjects, type Bus, type Subscription } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import { extractTraceContext, withSpan, SpanKind } from "@platform/telemetry";
@@ -38,7 +38,6 @@ export const MAX_CONCURRENT_PREFLIGHTS = 4;
 /** Symbolic links followed from `config_path` before giving up. */
 const MAX_SYMLINK_HOPS = 8;
 const MAX_CONFIG_PATH_LENGTH = 512;
-const MAX_REPOSITORY_LENGTH = 2048;
 const MAX_BRANCH_LENGTH = 255;
 
 export interface GitPreflightRequest {
@@ -133,54 +132,6 @@ export function parseGitPreflightRequest(value: unknown): { ok: true; request: R
   }
   const configPath = typeof v.config_path === "string" && v.config_path !== "" ? v.config_path : DEFAULT_CONFIG_PATH;
   return { ok: true, request: { repository: v.repository, branch: v.branch, config_path: configPath } };
-}
-
-export type RepositoryKind = "https" | "http" | "ssh" | "scp" | "file";
-
-const SCP_LIKE = /^[A-Za-z0-9._~-]+@[A-Za-z0-9][A-Za-z0-9.-]*:(?!\/\/)[^\s]+$/;
-
-/**
- * Accepted repository URLs (ARCHITECTURE section 8): `https://`, `http://`, `ssh://`,
- * `user@host:path`, and `file://` only when file repositories are allowed. Anything else (a bare
- * path, `git://`, `ext::`, an option-looking value) is refused before git sees it.
- */
-export function checkRepositoryUrl(
-  repository: string,
-  allowFileRepos: boolean,
-): { ok: true; kind: RepositoryKind } | { ok: false; reason: "repository_unsupported" | "file_repository_not_allowed"; detail: string } {
-  const unsupported = {
-    ok: false as const,
-    reason: "repository_unsupported" as const,
-    detail: "Repository host unsupported: use an https://, http://, ssh:// or git@host:path URL.",
-  };
-  // No whitespace or control characters anywhere, nothing git could take for an option.
-  if (repository.length > MAX_REPOSITORY_LENGTH || /[\s\x00-\x1f\x7f]/.test(repository) || repository.startsWith("-")) return unsupported;
-  if (SCP_LIKE.test(repository)) return { ok: true, kind: "scp" };
-  let url: URL;
-  try {
-    url = new URL(repository);
-  } catch {
-    return unsupported;
-  }
-  switch (url.protocol) {
-    case "https:":
-    case "http:":
-    case "ssh:":
-      if (!url.hostname || url.hostname.startsWith("-") || url.username.startsWith("-")) return unsupported;
-      return { ok: true, kind: url.protocol.slice(0, -1) as "https" | "http" | "ssh" };
-    case "file:":
-      if (!allowFileRepos) {
-        return {
-          ok: false,
-          reason: "file_repository_not_allowed",
-          detail: "file:// repositories are accepted only when PLATFORM_ALLOW_FILE_REPOS is true on the agent.",
-        };
-      }
-      if ((url.hostname !== "" && url.hostname !== "localhost") || url.pathname === "/" || url.pathname === "") return unsupported;
-      return { ok: true, kind: "file" };
-    default:
-      return unsupported;
-  }
 }
 
 /**

@@ -71,6 +71,10 @@ describe("repositories", () => {
     for (const url of ["ftp://host/repo", "github.com/acme/web", "javascript:alert(1)", "", "https:// spaced", "https://example.com/a%00b.git", "https://example.com/a%1Fb.git", "git@host:a\u0001b"]) {
       expect(status(() => checkRepository(url, dev)), url).toBe(422);
     }
+    // What the agents would refuse before git is refused here, not left to fail the preflight.
+    for (const url of ["ssh://-oProxyCommand=touch%20/tmp/x", "ssh://-u@host/app", "file://remote-host/web.git", `https://example.com/${"a".repeat(2048)}`]) {
+      expect(status(() => checkRepository(url, dev)), url).toBe(422);
+    }
     expect(status(() => checkRepository("file:///srv/git/web.git", prod))).toBe(422);
     expect(status(() => checkRepository("file:///srv/git/web.git", dev))).toBe(0);
   });

@@ -3,13 +3,12 @@
  * file:// only where the environment allows local repositories; anything else is the spec's
  * 422 "repository host unsupported". The normalised form decides the same-repository rule.
  */
+import { checkRepositoryUrl, MAX_REPOSITORY_LENGTH, SCP_LIKE_REPOSITORY } from "@platform/app-config";
 import { PlatformError } from "@platform/errors";
 
 export interface RepositoryPolicy {
   allowFileRepos: boolean;
 }
-
-const SCP_LIKE = /^([A-Za-z0-9._-]+@)([A-Za-z0-9.-]+):(?!\/\/)(.+)$/;
 
 function unsupported(repository: string): PlatformError {
   return PlatformError.invalid({
@@ -18,23 +17,12 @@ function unsupported(repository: string): PlatformError {
   });
 }
 
-/** Throws the 422 unless the URL is one the agents can clone. */
+/** Throws the 422 unless the URL is one the agents will clone: the rule they check again before git. */
 export function checkRepository(repository: string, policy: RepositoryPolicy): void {
-  const value = repository.trim();
-  // A control character, written or percent-encoded, names no repository any git host serves.
-  if (!value || value.length > 2048 || /\s|[\x00-\x1f\x7f]|%(?:[01][0-9a-f]|7f)/i.test(value)) throw unsupported(repository);
-  if (SCP_LIKE.test(value) && !value.includes("://")) return;
-  let url: URL;
-  try {
-    url = new URL(value);
-  } catch {
-    throw unsupported(repository);
+  if (repository.trim().length > MAX_REPOSITORY_LENGTH) {
+    throw PlatformError.invalid({ code: "out_of_range", message: `repository must be at most ${MAX_REPOSITORY_LENGTH} characters.` });
   }
-  if (url.protocol === "file:") {
-    if (!policy.allowFileRepos) throw unsupported(repository);
-    return;
-  }
-  if (!["https:", "http:", "ssh:"].includes(url.protocol) || !url.hostname) throw unsupported(repository);
+  if (!checkRepositoryUrl(repository.trim(), policy.allowFileRepos).ok) throw unsupported(repository);
 }
 
 /**
@@ -45,7 +33,7 @@ export function checkRepository(repository: string, policy: RepositoryPolicy): v
  */
 export function normalizeRepository(repository: string): string {
   const value = repository.trim();
-  const scp = !value.includes("://") ? SCP_LIKE.exec(value) : null;
+  const scp = !value.includes("://") ? SCP_LIKE_REPOSITORY.exec(value) : null;
   let host: string;
   let path: string;
   if (scp) {
