@@ -321,8 +321,11 @@ describe("cancel", () => {
         (d) => !!d,
       );
       const running = (await getApp()).running_version as string;
-      const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme });
+      const r = await call(api, "POST", `/deployments/${deploy.action_id}/cancel`, { credential: acme, body: { reason: "not this one" } });
       expect(r.body).toMatchObject({ status: "cancelled", cancelled: true });
+      // The reason given is the deployment's error, and the app's last one.
+      expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body).toMatchObject({ status: "cancelled", error_message: "Cancelled: not this one" });
+      expect(await waitFor(getApp, (a) => a.last_deploy_status === "cancelled")).toMatchObject({ last_deploy_error: "Cancelled: not this one" });
       // The tag that served when it was queued, though no agent ever ran it.
       expect((await call(api, "GET", `/deployments/${deploy.action_id}`, { credential: acme })).body.previous_tag).toBe(running);
       await waitFor(async () => (await call(api, "GET", `/builds/id/${b.body.build_id}`, { credential: acme })).body.status, (s) => s === "completed", 90_000);

@@ -454,7 +454,9 @@ describe("cancel", () => {
     const { buildId, deployId, req } = await queueBuild();
     const r = await client.cancelAction({ caller: acme, actionId: buildId.slice(0, 8), reason: "wrong branch" });
     expect(r).toMatchObject({ actionId: buildId, status: "cancelled", cancelled: true, cancelRequested: false, queueStatus: "build_cancelled", dependentsCancelled: [deployId], appName: req.app_name });
-    expect(await row(deployId)).toMatchObject({ status: "cancelled", cancelReason: "wrong branch" });
+    // The reason given is the error each of them shows.
+    expect(await row(buildId)).toMatchObject({ status: "cancelled", errorMessage: "Cancelled: wrong branch" });
+    expect(await row(deployId)).toMatchObject({ status: "cancelled", cancelReason: "wrong branch", errorMessage: `Dependency BUILD ${buildId} was cancelled. Reason: wrong branch` });
     expect(await claim(buildId, "h1")).toMatchObject({ drop: true });
     expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "not_cancellable", cancelled: true });
   });
@@ -463,18 +465,19 @@ describe("cancel", () => {
     const { buildId, deployId } = await queueBuild();
     await claim(buildId, "h-cancel");
     expect(await client.reportProgress({ actionId: buildId, hostId: "h-cancel", phase: "clone" })).toMatchObject({ cancelRequested: false });
-    const r = await client.cancelAction({ caller: acme, actionId: buildId });
+    const r = await client.cancelAction({ caller: acme, actionId: buildId, reason: "stale commit" });
     expect(r).toMatchObject({ status: "cancel_requested", cancelled: false, cancelRequested: true, queueStatus: "build_in_progress", dependentsCancelled: [deployId] });
     // The build may yet complete (past its last phase): the deploy does not say it was cancelled.
     expect(await row(deployId)).toMatchObject({
       status: "cancelled",
-      errorMessage: `Cancelled with its dependency BUILD ${buildId}, whose cancel was requested while it ran.`,
+      errorMessage: `Cancelled with its dependency BUILD ${buildId}, whose cancel was requested while it ran. Reason: stale commit`,
     });
     expect(await client.reportProgress({ actionId: buildId, hostId: "h-cancel", phase: "build" })).toMatchObject({ cancelRequested: true });
     expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "cancel_requested", dependentsCancelled: [] });
-    await client.completeAction({ actionId: buildId, hostId: "h-cancel", status: "cancelled" });
-    // The agent stopped instead of entering "build": the phase stays the last one it ran.
-    expect(await row(buildId)).toMatchObject({ status: "cancelled", phase: "clone" });
+    await client.completeAction({ actionId: buildId, hostId: "h-cancel", status: "cancelled", errorMessage: "Cancelled during clone." });
+    // The agent stopped instead of entering "build": the phase stays the last one it ran; the
+    // error is the agent's, with the reason given.
+    expect(await row(buildId)).toMatchObject({ status: "cancelled", phase: "clone", errorMessage: "Cancelled during clone. Reason: stale commit" });
     // Asked again once it ended: nothing to cancel, and the cancel asked of it in flight is still said.
     expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "not_cancellable", cancelled: true, cancelRequested: true });
   });

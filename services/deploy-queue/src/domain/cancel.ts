@@ -19,7 +19,7 @@ import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
-import { FAST_RPC_TYPES, isTerminal, queueStatus } from "./lifecycle.ts";
+import { cancelledErrorMessage, FAST_RPC_TYPES, isTerminal, queueStatus } from "./lifecycle.ts";
 import { canAct, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
 import { isPastPointOfNoReturn } from "./point-of-no-return.ts";
 
@@ -52,7 +52,7 @@ export async function cancelAction(em: EntityManager, caller: Caller, id: string
  */
 export async function cancelBuildsOfPurgedBranch(em: EntityManager, target: { groupSlug: string; appName: string; branch: string }, undeployId: string, now: Date): Promise<void> {
   const builds = await em.find(Action, { ...target, actionType: "BUILD", status: { $in: ["queued", "in_progress"] } }, { lockMode: LockMode.PESSIMISTIC_WRITE, orderBy: { createdAt: "asc" } });
-  for (const build of builds) await cancelLocked(em, build, `Superseded: the branch is undeployed with purge (${undeployId}).`, now);
+  for (const build of builds) await cancelLocked(em, build, `the branch is undeployed with purge (${undeployId}).`, now);
 }
 
 async function cancelLocked(em: EntityManager, action: Action, reason: string, now: Date): Promise<CancelOutcome> {
@@ -71,11 +71,13 @@ async function cancelLocked(em: EntityManager, action: Action, reason: string, n
   if (isTerminal(action.status) || FAST_RPC_TYPES.has(action.actionType)) return outcome("not_cancellable");
   if (action.status === "in_progress" && isPastPointOfNoReturn(action)) return outcome("refused_past_point_of_no_return");
 
-  action.cancelReason = reason.trim() || null;
+  // A cancel asked again without a reason keeps the one given first.
+  action.cancelReason = reason.trim() || action.cancelReason || null;
   if (action.status === "queued") {
     action.status = "cancelled";
     action.completedAt = now;
     action.admissionCheckReason = null;
+    action.errorMessage = cancelledErrorMessage(null, action.cancelReason);
     announce(em, action, now);
     return outcome("cancelled", await cascadeToDependents(em, action, "cancelled", now));
   }

@@ -15,7 +15,7 @@ import { advisoryLocks } from "./advisory-locks.ts";
 import { validHostId } from "./agents.ts";
 import { cascadeToDependents } from "./dependents.ts";
 import { announce } from "./events.ts";
-import { COMPLETION_STATUSES, isCompletionStatus, isTerminal } from "./lifecycle.ts";
+import { cancelledErrorMessage, COMPLETION_STATUSES, isCompletionStatus, isTerminal } from "./lifecycle.ts";
 import { isPastPointOfNoReturn, marksSwapCommit } from "./point-of-no-return.ts";
 
 const APP_LANE = [...APP_LANE_TYPES];
@@ -268,7 +268,8 @@ export async function completeAction(em: EntityManager, c: Completion, now: Date
   action.completedAt = now;
   action.progressAt = now;
   action.result = result;
-  action.errorMessage = c.status === "failed" ? c.errorMessage || "The action failed." : c.errorMessage || null;
+  action.errorMessage =
+    c.status === "failed" ? c.errorMessage || "The action failed." : c.status === "cancelled" ? cancelledErrorMessage(c.errorMessage || null, action.cancelReason) : c.errorMessage || null;
   if (result) {
     action.commitMessage = text(result.commit_message) ?? action.commitMessage ?? null;
     action.commitAuthor = text(result.commit_author) ?? action.commitAuthor ?? null;

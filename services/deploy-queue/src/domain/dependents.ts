@@ -7,6 +7,7 @@ import { LockMode } from "@mikro-orm/core";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 import { announce } from "./events.ts";
+import { cancelledErrorMessage } from "./lifecycle.ts";
 
 /**
  * Ends every queued dependent of `parent` (and theirs, transitively) with `status`; returns the
@@ -25,8 +26,8 @@ export async function cascadeToDependents(em: EntityManager, parent: Action, sta
       d.status = status;
       d.completedAt = now;
       d.admissionCheckReason = null;
-      d.errorMessage = endedWith(current, status);
       if (status === "cancelled") d.cancelReason = parent.cancelReason ?? null;
+      d.errorMessage = status === "cancelled" ? cancelledErrorMessage(endedWith(current, status), d.cancelReason) : endedWith(current, status);
       announce(em, d, now);
       ended.push(d.id);
       queue.push(d);

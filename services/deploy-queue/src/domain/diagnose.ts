@@ -58,7 +58,7 @@ export async function diagnoseAction(em: EntityManager, caller: Caller, id: stri
       hint = `Read the error and the logs (GET /api/logs?action_id=${action.id}), fix the cause, then trigger it again.`;
       break;
     case "cancelled":
-      lines.push(sentence(`${name} was cancelled ${ago(action.completedAt ?? action.updatedAt, now)}${action.cancelReason ? ` (reason: ${action.cancelReason})` : ""}${action.errorMessage ? `: ${action.errorMessage}` : ""}`));
+      lines.push(sentence(`${name} was cancelled ${ago(action.completedAt ?? action.updatedAt, now)}${action.errorMessage ? `: ${action.errorMessage}` : ""}`));
       hint = "It was cancelled; trigger it again if it is still wanted.";
       break;
     case "in_progress": {

@@ -14,6 +14,15 @@ export const LIVE_STATUSES: readonly ActionStatus[] = ["queued", "in_progress"];
 export const COMPLETION_STATUSES = ["completed", "failed", "cancelled"] as const;
 export type CompletionStatus = (typeof COMPLETION_STATUSES)[number];
 
+/**
+ * A cancelled action's error_message: what ended it, with the reason the canceller gave (spec
+ * 4.5, "optional body with a reason"), so the deployment and the app's last_deploy_error say why.
+ */
+export function cancelledErrorMessage(said: string | null, reason: string | null | undefined): string | null {
+  if (!reason) return said;
+  return said ? `${said} Reason: ${reason}` : `Cancelled: ${reason}`;
+}
+
 export function isTerminal(status: string): boolean {
   return (TERMINAL_STATUSES as readonly string[]).includes(status);
 }
