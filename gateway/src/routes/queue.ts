@@ -156,7 +156,9 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
         querystring: { type: "object", properties: commonQuery },
         body: {
           type: "object",
-          properties: { target: { type: "string", minLength: 1, description: "An app slug, or an action id prefix (at least 8 hex-or-hyphen characters); inside your group." } },
+          properties: {
+            target: { type: "string", minLength: 1, maxLength: 255, description: "An app slug (any case), or an action id prefix (at least 8 hex-or-hyphen characters); inside your group." },
+          },
           required: ["target"],
         },
         response: {
@@ -247,13 +249,18 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
       schema: {
         tags: ["deployments"],
         summary: "Single-use admission override: the agent admits this queued action past the capacity gates on its next poll.",
-        description: "Platform operators, or admins of the group owning the action. `ttl_seconds` is clamped to 60-3600.",
+        description:
+          "Platform operators, or admins of the group owning the action. `ttl_seconds` is clamped to 60-3600. " +
+          "The capacity gates are the per-host concurrency limit and the queue order among actions waiting for a host's free slots " +
+          "(spec 4.5 names the database-connection budget gate, which comes with managed databases). The gates that keep the queue correct are never passed: " +
+          "an action still waits for its dependency (its build), for the action of its app and branch in flight, and, for an undeploy with purge, for a build of the branch to end; " +
+          "`admission_check_reason` on the action says which one holds it. Each call grants a new override that replaces the last.",
         params: actionIdParams,
         querystring: { type: "object", properties: commonQuery },
         body: {
           type: "object",
           properties: {
-            reason: { type: "string", description: "Required: why the action may pass." },
+            reason: { type: "string", maxLength: 500, description: "Required: why the action may pass." },
             ttl_seconds: { type: "integer", default: 300, description: "How long the override waits for a claim; clamped to 60-3600." },
           },
           required: ["reason"],

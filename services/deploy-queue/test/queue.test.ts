@@ -615,6 +615,8 @@ describe("prioritize", () => {
     expect(bumped.actionIds.sort()).toEqual([a.buildId, a.deployId].sort());
     const first = (await row(a.buildId)).priority;
     expect(first).toBeGreaterThan(0);
+    // The slug in any case, as every app route takes it.
+    expect((await client.prioritize({ caller: acme, target: " PRIO-App" })).actionIds.sort()).toEqual([a.buildId, a.deployId].sort());
 
     const b = await queueBuild({ app_name: "prio-app-2" });
     const byId = await client.prioritize({ caller: acme, target: b.buildId.slice(0, 10) });

@@ -22,7 +22,8 @@ export interface Prioritized {
 }
 
 export async function prioritize(em: EntityManager, caller: Caller, rawTarget: string): Promise<Prioritized> {
-  const target = rawTarget.trim();
+  // App slugs are lower case, and every app route takes the name in any case; so do ids.
+  const target = rawTarget.trim().toLowerCase();
   if (!target) throw PlatformError.invalid("target is required: an app slug or an action id prefix (at least 8 characters).");
 
   let targets: Action[] = [];
