@@ -164,7 +164,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
               config_path: { type: "string" },
               base: { ...jsonObject, type: ["object", "null"], description: "The repository's config as last read; null until one is read." },
               overlay: overlaySchema,
-              effective: { ...jsonObject, type: ["object", "null"], description: "The base with the overlay written over it; null when there is no config." },
+              effective: { ...jsonObject, type: ["object", "null"], description: "The base with the overlay written over it; null when there is no config (no base, and no overlay entry that applies without one: settings of a service wait for a layer that declares it)." },
               source_map: {
                 type: "object",
                 description: "Every leaf path of the effective config: `repository` or `dashboard`.",

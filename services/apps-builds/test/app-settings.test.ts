@@ -493,6 +493,16 @@ describe("config layers", () => {
     expect(r.effectiveYaml).toBeUndefined();
   });
 
+  it("reads an overlay of a service no layer declares, over no base, as no effective config", async () => {
+    await setRow("api", "main", { overlay: { "services.web.replicas": { value: 2, base: 1 } } });
+    const r = await layers({ app: "api" });
+    expect(r.overlay).toEqual({ "services.web.replicas": { value: 2, base: 1 } });
+    expect(r.effective).toBeUndefined();
+    expect(r.sourceMap).toEqual({});
+    expect(r.effectiveYaml).toBeUndefined();
+    await setRow("api", "main", { overlay: {} });
+  });
+
   it("saves a config over no base as entirely dashboard-authored, and re-queues the preflight", async () => {
     await setRow("api", "main", { preflightStatus: "ready" });
     const before = await row("api", "main");

@@ -465,7 +465,10 @@ export function configLayers(app: App): ConfigLayers {
   const base = (app.baseConfig ?? null) as JsonObject | null;
   const overlay = (app.overlay ?? {}) as Overlay;
   const hasConfig = base !== null || Object.keys(overlay).length > 0;
-  const effective = hasConfig ? effectiveConfig(base as BaseConfig, overlay) : null;
+  const merged = hasConfig ? effectiveConfig(base as BaseConfig, overlay) : null;
+  // Settings of a service no layer declares (a scale saved before the repository's config went
+  // unreadable, say) wait in the overlay for a base that declares it; alone they are no config.
+  const effective = merged && Object.keys(merged).length > 0 ? merged : null;
   return {
     appName: app.appName,
     branch: app.branch,
