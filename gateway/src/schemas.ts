@@ -174,7 +174,11 @@ export const appSchema = {
     database_enabled: { type: "boolean" },
     cache_enabled: { type: "boolean" },
     email_enabled: { type: "boolean" },
-    preflight_status: { type: "string", enum: ["pending", "no_access", "needs_config", "config_invalid", "ready", "exempt"] },
+    preflight_status: {
+      type: "string",
+      enum: ["pending", "no_access", "needs_config", "config_invalid", "ready", "exempt"],
+      description: "Only ready and exempt unlock build, deploy and retry. exempt is set and lifted by a platform operator (POST .../preflight/recheck with `exempt`).",
+    },
     preflight_result: {
       type: ["object", "null"],
       properties: {

@@ -301,6 +301,30 @@ describe("preflight outcomes", () => {
     expect(recheck.body).toMatchObject({ app_name: "failing-build", branch: "nope", preflight_status: "pending", preflight_action_id: expect.any(String) });
     await expect.poll(async () => (await preflightOf(acme, "failing-build", "nope")).preflight_status, { timeout: 30_000, interval: 250 }).toBe("no_access");
   });
+
+  it("lets a platform operator exempt an app from preflight, and lift the exemption; a tenant's exempt is 403", async () => {
+    const path = "/apps/failing-build/preflight/recheck?branch=nope";
+    const tenant = await call(api, "POST", path, { credential: acme, body: { exempt: true } });
+    expect(tenant.status).toBe(403);
+    expect((await preflightOf(acme, "failing-build", "nope")).preflight_status).toBe("no_access");
+    const deployQuarantined = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: "failing-build", branch: "nope" } });
+    expect(deployQuarantined.status).toBe(409);
+
+    const exempt = await call(api, "POST", `${path}&group=acme`, { credential: fleet.rootKey, body: { exempt: true } });
+    expect(exempt.status).toBe(202);
+    expect(exempt.body).toMatchObject({ preflight_status: "exempt", preflight_action_id: expect.any(String) });
+    // The check runs and answers no_access again; the app stays exempt, and deploys pass the gate
+    // (this one then finds no build to deploy).
+    await new Promise((r) => setTimeout(r, 3000));
+    expect((await preflightOf(acme, "failing-build", "nope")).preflight_status).toBe("exempt");
+    const deploy = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: "failing-build", branch: "nope" } });
+    expect(deploy.status).toBe(400);
+
+    const lifted = await call(api, "POST", `${path}&group=acme`, { credential: fleet.rootKey, body: { exempt: false } });
+    expect(lifted.body).toMatchObject({ preflight_status: "pending" });
+    await expect.poll(async () => (await preflightOf(acme, "failing-build", "nope")).preflight_status, { timeout: 30_000, interval: 250 }).toBe("no_access");
+    expect((await call(api, "POST", path, { credential: acme, body: { exempt: "yes" } })).status).toBe(422);
+  });
 });
 
 describe("tenant isolation", () => {

@@ -322,9 +322,16 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         summary: "Re-run the repository preflight; the app is `pending` until an agent answers.",
         description:
           "GIT_PREFLIGHT is a fast agent RPC, never in the deploy lane: `preflight_action_id` identifies this request (an answer to an older " +
-          "one is ignored) but is not a row of GET /api/deployments/queue. Follow `preflight_status` and `preflight_result` on the app.",
+          "one is ignored) but is not a row of GET /api/deployments/queue. Follow `preflight_status` and `preflight_result` on the app. " +
+          "Platform operators may send `{\"exempt\": true}` to exempt the app from preflight (`preflight_status: exempt` unlocks build, deploy and retry " +
+          "whatever the repository check answers; the check still runs, and its answer is recorded on the GIT_PREFLIGHT action only), or " +
+          "`{\"exempt\": false}` to lift the exemption (the app is `pending` until the check answers). `exempt` from anyone else is 403.",
         params: appName,
         querystring: branchQuery,
+        body: {
+          type: ["object", "null"],
+          properties: { exempt: { type: "boolean", description: "Platform operators only: exempt the app from preflight (true) or lift the exemption (false)." } },
+        },
         response: {
           202: {
             type: "object",
@@ -336,13 +343,15 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             },
           },
           ...authErrors,
+          ...bodyErrors,
         },
       },
     },
     async (request, reply) => {
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
-      const r = await apps.recheckPreflight({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      const body = (request.body ?? {}) as { exempt?: boolean };
+      const r = await apps.recheckPreflight({ caller: callerOf(request), appName: app_name, branch: branch ?? "", exempt: body.exempt });
       return reply.code(202).send({ app_name: r.appName, branch: r.branch, preflight_status: r.preflightStatus, preflight_action_id: r.preflightActionId });
     },
   );

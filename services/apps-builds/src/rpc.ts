@@ -19,7 +19,7 @@ import { nextBranchPreview } from "./domain/next-branch.ts";
 import { hostLabelsTaken, registerUnderGroupLock } from "./domain/registration.ts";
 import { validBranchLabel } from "./domain/naming.ts";
 import type { GroupLock } from "./domain/group-lock.ts";
-import { requeuePreflight } from "./domain/preflight.ts";
+import { requeuePreflight, setPreflightExemption } from "./domain/preflight.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
 
@@ -265,6 +265,7 @@ function appHandlers(ctx: AppsBuildsContext): Handlers {
         const caller = requireCaller(req.caller);
         return ctx.write(async (em) => {
           const app = await findApp(em, caller, req.appName, req.branch || undefined);
+          if (req.exempt !== undefined) setPreflightExemption(app, caller, req.exempt);
           const preflightActionId = requeuePreflight(em, app, actorOf(caller));
           return { appName: app.appName, branch: app.branch, preflightStatus: app.preflightStatus, preflightActionId };
         });

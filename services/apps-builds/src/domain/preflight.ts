@@ -4,6 +4,7 @@
  * Each re-queue bumps a nonce; an answer to an older request is ignored.
  */
 import { randomUUID } from "node:crypto";
+import type { Caller } from "@platform/caller";
 import { PlatformError } from "@platform/errors";
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";
@@ -44,6 +45,19 @@ export interface PreflightAnswer {
   result: PreflightResultData | null;
   /** A valid config as authored at the branch's HEAD (status ready). */
   config?: Record<string, unknown>;
+}
+
+/**
+ * `exempt` (spec 3.3) is an operator's decision, never an agent's answer: it unlocks build, deploy
+ * and retry whatever the repository check says, until an operator lifts it (the app is then
+ * `pending` until the next answer).
+ */
+export function setPreflightExemption(app: App, caller: Caller, exempt: boolean): void {
+  if (!caller.platformOperator) {
+    throw PlatformError.forbidden("exempt is for platform operators: a tenant's app passes the repository check to build and deploy.");
+  }
+  if (exempt) app.preflightStatus = "exempt";
+  else if (app.preflightStatus === "exempt") app.preflightStatus = "pending";
 }
 
 /** Queues a preflight for the app (through the outbox); returns its action id. */
