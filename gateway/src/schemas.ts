@@ -143,7 +143,7 @@ export const appSchema = {
     slug: { type: "string" },
     group_slug: { type: "string" },
     branch: { type: "string" },
-    repository: { type: "string" },
+    repository: { type: "string", description: "As registered, but for credentials: an https URL's user part (a token, or user and password) reads `***`, an ssh URL's password too." },
     config_path: { type: "string" },
     description: { type: "string" },
     deploy_status: { type: "string", description: "undeployed until the first deploy; then running, deploying, failed, undeploying, undeploy_failed. A deploy that ended before an agent claimed it (its build failed or was cancelled) leaves it as it was; last_deploy_status and last_deploy_error tell of it." },

@@ -213,8 +213,28 @@ describe("registration", () => {
     }
     const unsupported = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "ftp://example.com/a.git" } });
     expect(unsupported.body.detail.code).toBe("repository_host_unsupported");
+    // What the agents would refuse before git is refused at registration, not left to the preflight.
+    const option = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "ssh://-oProxyCommand=touch%20/tmp/x/app" } });
+    expect(option.body.detail.code).toBe("repository_host_unsupported");
     expect((await call(api, "POST", "/apps", { credential: acmeRead, body: { app_name: "ok", repository: "https://example.com/a.git" } })).status).toBe(403);
     expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "https://example.com/a.git", group_slug: "globex" } })).status).toBe(403);
+  });
+});
+
+describe("a repository URL with credentials", () => {
+  it("clones with them, and shows them to nobody", async () => {
+    const url = "https://x-access-token:ghp_not-shown@git.invalid/acme/private.git";
+    const r = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "private", repository: url } });
+    expect(r.status).toBe(201);
+    expect(r.body.repository).toBe("https://***@git.invalid/acme/private.git");
+    expect((await call(api, "GET", "/apps/private", { credential: acmeRead })).body.repository).toBe("https://***@git.invalid/acme/private.git");
+    const listed = (await call(api, "GET", "/apps", { credential: fleet.rootKey })).body;
+    expect(JSON.stringify(listed)).not.toContain("ghp_not-shown");
+    const mismatch = await call(api, "POST", "/builds", { credential: acme, body: { app_name: "private", repository: "https://tok@git.invalid/acme/other.git" } });
+    expect(mismatch.body.detail.code).toBe("repository_mismatch");
+    expect(JSON.stringify(mismatch.body)).not.toContain("ghp_not-shown");
+    expect(JSON.stringify(mismatch.body)).not.toContain("tok@");
+    expect((await call(api, "DELETE", "/apps/private", { credential: acme })).status).toBe(204);
   });
 });
 

@@ -4,6 +4,7 @@ import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ListValueSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { REGISTRATION_SETTINGS, type App, type AppsBuildsService } from "@platform/proto";
 import { callerOf, requireScopeInNamedGroup } from "../access.ts";
+import { shownRepository } from "@platform/app-config";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
@@ -17,7 +18,7 @@ export function appJson(a: App, single: boolean) {
     slug: a.slug,
     group_slug: a.groupSlug,
     branch: a.branch,
-    repository: a.repository,
+    repository: shownRepository(a.repository),
     config_path: a.configPath,
     description: a.description,
     deploy_status: a.deployStatus,

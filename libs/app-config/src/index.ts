@@ -18,4 +18,4 @@ export {
 export { normalizeAppConfig, httpServices, routedServices, deriveFeatureFlags, type NamedService, type FeatureFlags } from "./normalize.ts";
 export { renderAppConfigYaml } from "./render.ts";
 export { problemText, problemsSummary } from "./problems.ts";
-export { checkRepositoryUrl, MAX_REPOSITORY_LENGTH, SCP_LIKE_REPOSITORY, type RepositoryCheck, type RepositoryKind } from "./repository.ts";
+export { checkRepositoryUrl, shownRepository, MAX_REPOSITORY_LENGTH, SCP_LIKE_REPOSITORY, type RepositoryCheck, type RepositoryKind } from "./repository.ts";

@@ -59,3 +59,26 @@ export function checkRepositoryUrl(repository: string, allowFileRepos: boolean):
       return unsupported;
   }
 }
+
+/**
+ * The repository URL as shown back: an https or http URL's user part (a token, or a user and
+ * password) becomes `***`, and an ssh URL's password does. The stored URL keeps them, since the
+ * agents clone with it; read-scope keys and error messages never see them.
+ */
+export function shownRepository(repository: string): string {
+  if (!/^(https?|ssh):\/\//i.test(repository)) return repository;
+  let url: URL;
+  try {
+    url = new URL(repository);
+  } catch {
+    return repository;
+  }
+  if (!url.username && !url.password) return repository;
+  const start = repository.indexOf("//") + 2;
+  // The user part ends at the authority's last "@" (the URL parser reads "a@b@host" so too).
+  const end = repository.slice(start).search(/[/?#]/);
+  const at = repository.lastIndexOf("@", end < 0 ? repository.length : start + end);
+  const scheme = repository.slice(0, start);
+  const user = url.protocol === "ssh:" ? `${url.username}${url.password ? ":***" : ""}` : "***";
+  return `${scheme}${user}${repository.slice(at)}`;
+}

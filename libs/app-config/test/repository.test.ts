@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { checkRepositoryUrl } from "../src/index.ts";
+import { checkRepositoryUrl, shownRepository } from "../src/index.ts";
 
 describe("checkRepositoryUrl", () => {
   it("accepts the schemes of ARCHITECTURE section 8", () => {
@@ -27,5 +27,18 @@ describe("checkRepositoryUrl", () => {
       `https://example.com/${"a".repeat(2048)}`,
     ];
     for (const url of bad) expect(checkRepositoryUrl(url, true), url).toMatchObject({ ok: false, reason: "repository_unsupported" });
+  });
+});
+
+describe("shownRepository", () => {
+  it("hides the credentials of a URL and leaves the rest as written", () => {
+    expect(shownRepository("https://x-access-token:ghp_secret@github.com/acme/app.git")).toBe("https://***@github.com/acme/app.git");
+    expect(shownRepository("https://ghp_secret@GitHub.com/acme/app.git")).toBe("https://***@GitHub.com/acme/app.git");
+    expect(shownRepository("http://user:p%40ss@git.local:8080/a/b")).toBe("http://***@git.local:8080/a/b");
+    expect(shownRepository("ssh://git:secret@github.com/acme/app.git")).toBe("ssh://git:***@github.com/acme/app.git");
+    expect(shownRepository("https://to@ken@github.com/a@b.git")).toBe("https://***@github.com/a@b.git");
+    for (const kept of ["ssh://git@github.com/acme/app.git", "git@github.com:acme/app.git", "https://github.com/acme/app.git", "file:///srv/git/app.git"]) {
+      expect(shownRepository(kept)).toBe(kept);
+    }
   });
 });

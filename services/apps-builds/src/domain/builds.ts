@@ -7,6 +7,7 @@ import { PlatformError, checkIdPrefix } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { subjects, type BuildRequested } from "@platform/bus";
+import { shownRepository } from "@platform/app-config";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom, routeAppName } from "./naming.ts";
@@ -59,8 +60,8 @@ function admitBuild(app: BuildableApp, input: TriggerInput): void {
   if (normalizeRepository(app.repository) !== normalizeRepository(input.repository)) {
     throw PlatformError.conflict({
       code: "repository_mismatch",
-      message: `App '${app.appName}' (branch ${app.branch}) builds from ${app.repository}, not ${input.repository}.`,
-      repository: app.repository,
+      message: `App '${app.appName}' (branch ${app.branch}) builds from ${shownRepository(app.repository)}, not ${shownRepository(input.repository)}.`,
+      repository: shownRepository(app.repository),
     });
   }
   if (input.configPath && checkConfigPath(input.configPath) !== app.configPath) {
