@@ -85,10 +85,10 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
           type: "object",
           properties: {
             app_name: { type: "string", minLength: 1, maxLength: 128, description: "Sanitised to a lowercase slug; a numeric suffix is added when another group holds it or another app's branch is served at it (`shop` branch `dev` answers at `shop-dev`), and to `id`, `history` and `queue`, words routes of this API read as their own (`id` registers as `id-2`)." },
-            repository: { type: "string", description: "https://, http://, ssh:// or git@host:path (file:// where allowed)." },
-            display_name: { type: "string" },
+            repository: { type: "string", description: "https://, http://, ssh:// or git@host:path (file:// where allowed); at most 2048 characters." },
+            display_name: { type: "string", description: "At most 200 characters once trimmed; defaults to the display name of the app's other branches, else app_name as sent." },
             branch: { type: "string", minLength: 1, default: "main" },
-            description: { type: "string" },
+            description: { type: "string", description: "At most 2000 characters once trimmed." },
             config_path: { type: "string", minLength: 1, default: "platform.yaml" },
             group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in. Needs the deploy scope there too (403)." },
             group: { type: "string" },
@@ -218,7 +218,10 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         tags: ["apps"],
         summary: "Delete one branch's registration (the only branch when ?branch= is omitted).",
         params: appName,
-        querystring: branchQuery,
+        querystring: {
+          type: "object",
+          properties: { ...commonQuery, branch: { type: "string", description: "The branch to delete; required when the app has several (409 `branch_required`)." } },
+        },
         response: {
           204: { type: "null", description: "Deleted." },
           409: {

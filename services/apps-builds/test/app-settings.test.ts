@@ -469,7 +469,10 @@ describe("set-production", () => {
     // As production it goes by the app name alone; promoting another branch would demote it.
     await client.registerApp({ caller: acme, appName: "lbl", repository: "https://example.com/acme/lbl.git", branch: long });
     await client.registerApp({ caller: acme, appName: "lbl", repository: "https://example.com/acme/lbl.git", branch: "short" });
-    expect(await refusal(client.setProductionBranch({ caller: acme, appName: "lbl", branch: "short" }))).toMatchObject({ status: 422, detail: { code: "label_too_long" } });
+    const demoted = await refusal(client.setProductionBranch({ caller: acme, appName: "lbl", branch: "short" }));
+    expect(demoted).toMatchObject({ status: 422, detail: { code: "label_too_long" } });
+    // The remedy is about the branch that would be demoted, not the one promoted.
+    expect(demoted.detail.message).toContain(`The production branch '${long}' would be served there once demoted`);
     expect((await row("lbl", long)).isProduction).toBe(true);
     expect((await row("lbl", "short")).isProduction).toBe(false);
   });

@@ -94,5 +94,6 @@ describe("config_path", () => {
     expect(checkConfigPath(undefined)).toBe("platform.yaml");
     expect(checkConfigPath("deploy/platform.yaml")).toBe("deploy/platform.yaml");
     for (const bad of ["/etc/passwd", "../x.yaml", "a/../../x", "a//b"]) expect(status(() => checkConfigPath(bad)), bad).toBe(422);
+    expect(() => checkConfigPath(`${"a".repeat(252)}.yaml`)).toThrow("config_path must be at most 256 characters.");
   });
 });

@@ -37,7 +37,7 @@ import { App } from "../entities/index.ts";
 import { appBranches, appNotFound, findApp, holdProductionLock } from "./apps.ts";
 import { checkBranch, checkBranchHostLabel } from "./naming.ts";
 import { requeuePreflight } from "./preflight.ts";
-import { checkConfigPath, checkConfigPathUnclaimed } from "./registration.ts";
+import { CONFIG_PATH_MAX, checkConfigPath, checkConfigPathUnclaimed } from "./registration.ts";
 import {
   effectiveConfig,
   readSaveConfigBody,
@@ -214,7 +214,7 @@ export function readAppPatch(body: unknown, accepted: readonly PatchField[] = PA
         text(field, DESCRIPTION_MAX, (v) => (patch.description = v));
         break;
       case "config_path":
-        text(field, 256, (v) => {
+        text(field, CONFIG_PATH_MAX, (v) => {
           try {
             if (!v) throw PlatformError.invalid("config_path must be a relative path inside the repository.");
             patch.configPath = checkConfigPath(v);
@@ -419,7 +419,11 @@ export async function setProductionBranch(em: EntityManager, caller: Caller, app
   const previous = await em.findOne(App, { appName: target.appName, isProduction: true });
   if (previous) {
     // The demoted branch is served at <app>-<branch label> from now on: it must fit a host label.
-    checkBranchHostLabel(previous.appName, previous.branchLabel);
+    checkBranchHostLabel(
+      previous.appName,
+      previous.branchLabel,
+      `The production branch '${previous.branch}' would be served there once demoted, so it cannot be demoted; a branch with a shorter name can take its place.`,
+    );
     previous.isProduction = false;
     await em.flush();
   }

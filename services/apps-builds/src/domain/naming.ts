@@ -104,12 +104,12 @@ export function withSuffix(base: string, taken: ReadonlySet<string>): string {
  * label, so the two together must fit in 63 characters (spec 4.4, branch candidates'
  * `label_too_long`). The production branch goes by the app name alone, which always fits.
  */
-export function checkBranchHostLabel(appName: string, label: string): void {
+export function checkBranchHostLabel(appName: string, label: string, remedy = "Use a shorter branch name."): void {
   const host = `${appName}-${label}`;
   if (host.length <= LABEL_MAX) return;
   throw PlatformError.invalid({
     code: "label_too_long",
-    message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${LABEL_MAX}. Use a shorter branch name.`,
+    message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${LABEL_MAX}. ${remedy}`,
     max: LABEL_MAX,
   });
 }

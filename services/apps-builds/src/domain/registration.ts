@@ -65,10 +65,13 @@ const AGENTS_RUN_DATA_COPY = false;
  * A config path as stored: relative, inside the repository, without `.` segments, so that
  * `./platform.yaml` is the same file as `platform.yaml` for the same-repository rule.
  */
+export const CONFIG_PATH_MAX = 256;
+
 export function checkConfigPath(input: string | undefined): string {
   const parts = ((input ?? "").trim() || DEFAULT_CONFIG_PATH).split("/").filter((part) => part !== ".");
   const path = parts.join("/");
-  if (path.length > 256 || parts.length === 0 || parts.some((part) => part === ".." || part === "")) {
+  if (path.length > CONFIG_PATH_MAX) throw PlatformError.invalid({ code: "out_of_range", message: `config_path must be at most ${CONFIG_PATH_MAX} characters.` });
+  if (parts.length === 0 || parts.some((part) => part === ".." || part === "")) {
     throw PlatformError.invalid("config_path must be a relative path inside the repository.");
   }
   return path;
