@@ -218,6 +218,12 @@ describe("registration", () => {
     expect(option.body.detail.code).toBe("repository_host_unsupported");
     expect((await call(api, "POST", "/apps", { credential: acmeRead, body: { app_name: "ok", repository: "https://example.com/a.git" } })).status).toBe(403);
     expect((await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "https://example.com/a.git", group_slug: "globex" } })).status).toBe(403);
+    // Selectors that disagree are pointed out, not settled for the caller; nothing is written.
+    const selectors = await call(api, "POST", "/apps?group=acme", { credential: fleet.rootKey, body: { app_name: "ok", repository: "https://example.com/a.git", group_slug: "globex" } });
+    expect(selectors).toMatchObject({ status: 422, body: { detail: { code: "group_selectors_differ" } } });
+    const alias = await call(api, "POST", "/apps", { credential: acme, body: { app_name: "ok", repository: "https://example.com/a.git", group_slug: "acme", group: "globex" } });
+    expect(alias).toMatchObject({ status: 422, body: { detail: { code: "group_selectors_differ" } } });
+    expect((await call(api, "GET", "/apps/ok", { credential: fleet.rootKey })).status).toBe(404);
   });
 });
 
@@ -282,7 +288,9 @@ describe("registration from another branch", () => {
       [{ app_name: "node-web", branch: "b4", seed_from_reference: "not a reference" }, 422],
       [{ app_name: "node-web", branch: "b5", seed_from_reference: "other-app:main:latest" }, 404],
       // A branch is not seeded from itself.
-      [{ app_name: "node-web", branch: "b6", seed_from_reference: "node-web:b6:latest" }, 404],
+      [{ app_name: "node-web", branch: "b6", seed_from_reference: "node-web:b6:latest" }, 422],
+      // A data copy of nothing.
+      [{ app_name: "node-web", branch: "b7", clone_data_from_branch: "main", clone_components: { db: false, drives: false, buckets: false } }, 422],
       [{ app_name: "fresh-app", repository: "https://example.com/fresh.git", copy_vars_from_branch: "main" }, 422],
     ];
     for (const [body, status] of refusals) {

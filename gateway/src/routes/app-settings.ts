@@ -84,7 +84,7 @@ export function appSettingsRoutes(app: FastifyInstance, apps: Client<typeof Apps
               maxLength: 512,
               description:
                 "`<app>:<branch>:<selector>`, consumed on the first deploy; the source must be this app or an app in the same group " +
-                "(else 404); null clears it. Refused (409 `app_running`) while the branch runs, (409 `already_seeded`) once its first deploy has happened, and (409 `clone_data_scheduled`) on a branch registered with `clone_data_from_branch`.",
+                "(else 404), and not the patched branch itself (422 `seed_is_this_branch`); null clears it. Refused (409 `app_running`) while the branch runs, (409 `already_seeded`) once its first deploy has happened, and (409 `clone_data_scheduled`) on a branch registered with `clone_data_from_branch`.",
             },
             visibility: { type: "string", enum: ["public", "private"] },
             force_remove_domains: { type: "boolean", description: "Needed to flip private while custom domains are attached; honoured only on the production branch (true on another branch is 409 `force_on_non_owning_branch`)." },

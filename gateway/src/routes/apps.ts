@@ -5,6 +5,7 @@ import { ListValueSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { REGISTRATION_SETTINGS, type App, type AppsBuildsService } from "@platform/proto";
 import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { shownRepository } from "@platform/app-config";
+import { PlatformError } from "@platform/errors";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
@@ -90,8 +91,13 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             branch: { type: "string", minLength: 1, default: "main" },
             description: { type: "string", description: "At most 2000 characters once trimmed." },
             config_path: { type: "string", minLength: 1, default: "platform.yaml" },
-            group_slug: { type: "string", description: "Group to register in (alias `group`); defaults to the group you act in. Needs the deploy scope there too (403)." },
-            group: { type: "string" },
+            group_slug: {
+              type: "string",
+              description:
+                "Group to register in (alias `group`); defaults to the group you act in. Needs the deploy scope there too (403). " +
+                "422 `group_selectors_differ` when it and `group`, or it and the group selected with ?group= or X-Platform-Group, name different groups.",
+            },
+            group: { type: "string", description: "Alias of group_slug." },
             git_clone_provider: {
               type: "string",
               description:
@@ -116,10 +122,10 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             },
             clone_components: {
               type: "object",
-              description: "Defaults db true, drives false, buckets false; db plus drives when omitted entirely.",
+              description: "Defaults db true, drives false, buckets false; db plus drives when omitted entirely. All three false is 422 `nothing_to_clone`.",
               properties: { db: { type: "boolean", default: true }, drives: { type: "boolean", default: false }, buckets: { type: "boolean", default: false } },
             },
-            seed_from_reference: { type: "string", minLength: 1, maxLength: 512, description: "`<app>:<branch>:<selector>` in this app or the same group, consumed on the first deploy." },
+            seed_from_reference: { type: "string", minLength: 1, maxLength: 512, description: "`<app>:<branch>:<selector>` in this app or the same group, consumed on the first deploy; the branch registered itself is 422 `seed_is_this_branch`." },
           },
           required: ["app_name", "repository"],
         },
@@ -134,6 +140,9 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     },
     async (request, reply) => {
       const b = request.body as Record<string, unknown>;
+      if (typeof b.group_slug === "string" && typeof b.group === "string" && b.group_slug.trim() !== b.group.trim()) {
+        throw PlatformError.invalid({ code: "group_selectors_differ", message: `group_slug '${b.group_slug}' and its alias group '${b.group}' differ; send one.` });
+      }
       const groupSlug = ((b.group_slug ?? b.group) as string) ?? "";
       requireScopeInNamedGroup(request, groupSlug, "deploy");
       const r = await apps.registerApp({

@@ -254,6 +254,9 @@ describe("PATCH an app", () => {
         expect(r.detail, reference).toMatchObject({ code: "invalid_format", errors: [{ field: "seed_from_reference" }] });
       }
       expect(await refusal(patch({ seed_from_reference: 7 }))).toMatchObject({ status: 422, detail: { code: "wrong_type" } });
+      // The patched branch (web, main) is no source of its own data.
+      expect(await refusal(patch({ seed_from_reference: "web:main:latest" }))).toMatchObject({ status: 422, detail: { code: "seed_is_this_branch" } });
+      expect((await row("web", "main")).seedFromReference).toBeNull();
     });
 
     it("answers 404 when the source is another group's app, an unknown app or an unknown branch", async () => {

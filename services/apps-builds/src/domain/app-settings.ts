@@ -100,6 +100,15 @@ export interface SeedReference {
 const APP_NAME_PART = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
 const SELECTOR = /^[^\s\x00-\x1f\x7f]+$/;
 
+/** A branch is seeded from another branch's data, never its own (422 `seed_is_this_branch`). */
+export function checkSeedIsNotThisBranch(reference: string, parsed: SeedReference, target: { appName: string; branch: string }): void {
+  if (parsed.app !== target.appName || parsed.branch !== target.branch) return;
+  throw PlatformError.invalid({
+    code: "seed_is_this_branch",
+    message: `seed_from_reference '${reference}' names this branch itself; a branch is seeded from another branch's data.`,
+  });
+}
+
 /** The parts of a seed reference, or null when it is not one. */
 export function parseSeedReference(reference: string): SeedReference | null {
   const first = reference.indexOf(":");
@@ -361,6 +370,7 @@ export async function updateApp(
         clone_data_from_branch: app.cloneData.source_branch,
       });
     }
+    checkSeedIsNotThisBranch(seed.reference, seed.parsed, app);
     const source = await em.findOne(App, { appName: seed.parsed.app, branch: seed.parsed.branch, groupSlug: app.groupSlug });
     if (!source) {
       throw PlatformError.notFound(

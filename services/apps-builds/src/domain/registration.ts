@@ -14,7 +14,7 @@ import { checkRepository, normalizeRepository, type RepositoryPolicy } from "./r
 import { requeuePreflight } from "./preflight.ts";
 import { holdProductionLock } from "./apps.ts";
 import { REGISTRATION_SETTINGS } from "@platform/proto";
-import { applySettings, parseSeedReference, readAppPatch, SEED_REFERENCE_MAX } from "./app-settings.ts";
+import { applySettings, checkSeedIsNotThisBranch, parseSeedReference, readAppPatch, SEED_REFERENCE_MAX } from "./app-settings.ts";
 import { copyVarsForRegistration } from "./variables.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
 
@@ -108,7 +108,15 @@ export function registrationHolder(caller: Caller): string {
 
 /** The group a registration writes in: the one named, else the one the caller acts in. */
 export function registrationGroup(caller: Caller, groupSlug: string | undefined): string {
-  const group = groupSlug?.trim() || caller.selectedGroup;
+  const named = groupSlug?.trim();
+  // Two selectors that disagree are a mistake to point out, not a choice to make for the caller.
+  if (named && caller.explicitGroup && caller.selectedGroup && named !== caller.selectedGroup) {
+    throw PlatformError.invalid({
+      code: "group_selectors_differ",
+      message: `group_slug '${named}' and the group selected with ?group= or X-Platform-Group ('${caller.selectedGroup}') differ; send one, or the same in both.`,
+    });
+  }
+  const group = named || caller.selectedGroup;
   if (!group) throw PlatformError.invalid("Select the group to register the app in (group_slug or ?group=).");
   if (!canSeeGroup(caller, group)) throw PlatformError.forbidden(`You are not authorised to register apps in group '${group}'.`);
   return group;
@@ -304,6 +312,7 @@ export async function registerApp(
     if (seed.length > SEED_REFERENCE_MAX) throw PlatformError.invalid(`seed_from_reference must be at most ${SEED_REFERENCE_MAX} characters.`);
     const parsed = parseSeedReference(seed);
     if (!parsed) throw PlatformError.invalid(`seed_from_reference '${seed}' is not of the form <app>:<branch>:<selector>.`);
+    checkSeedIsNotThisBranch(seed, parsed, { appName, branch });
     const source = await em.findOne(App, { appName: parsed.app, branch: parsed.branch, groupSlug: group, id: { $ne: app.id } });
     if (!source) throw PlatformError.notFound(`Seed source '${parsed.app}:${parsed.branch}' is not a branch of this app or of an app in group '${group}'.`);
     app.seedFromReference = seed;
@@ -313,7 +322,11 @@ export async function registerApp(
     if (app.isProduction) {
       throw PlatformError.conflict({ code: "destination_is_production", message: `Branch '${branch}' would be the production branch of '${appName}'; data is never cloned into production.` });
     }
-    app.cloneData = { source_branch: cloneFrom, components: input.cloneComponents ?? DEFAULT_CLONE_COMPONENTS };
+    const components = input.cloneComponents ?? DEFAULT_CLONE_COMPONENTS;
+    if (!components.db && !components.drives && !components.buckets) {
+      throw PlatformError.invalid({ code: "nothing_to_clone", message: "clone_components selects nothing to copy: set db, drives or buckets, or register without clone_data_from_branch." });
+    }
+    app.cloneData = { source_branch: cloneFrom, components };
   }
   const copyFrom = input.copyVarsFromBranch?.trim();
   const copiedVarKeys = copyFrom ? await copyVarsForRegistration(em, app, copyFrom) : null;
