@@ -411,6 +411,28 @@ describe("services", () => {
     expect((await call(api, "POST", `/services/${APP}/nope/restart`, { credential: acme })).status).toBe(404);
   });
 
+  it("acts only on services the running release has: one saved with save-config is 409 by name and skipped app-wide until a deploy", async () => {
+    const saveConfig = async (edit: (config: any) => void) => {
+      const config = (await call(api, "GET", `/apps/${APP}/config`, { credential: acme })).body.effective;
+      edit(config);
+      const r = await call(api, "PUT", `/apps/${APP}/config`, { credential: acme, body: { config } });
+      expect(r.status).toBe(200);
+      await waitFor(async () => (await getApp()).preflight_status, (s) => s === "ready");
+    };
+    await saveConfig((config) => (config.services.extra = { run: "sleep 600", background: true }));
+    try {
+      const named = await call(api, "POST", `/services/${APP}/extra/start`, { credential: acme });
+      expect(named).toMatchObject({ status: 409, body: { detail: { code: "service_not_deployed" } } });
+      const all = await call(api, "POST", `/services/${APP}/restart`, { credential: acme });
+      expect(all.status).toBe(202);
+      expect(all.body).toMatchObject({ services: ["web"], skipped_static: [], skipped_not_deployed: ["extra"] });
+      expect(all.body.action_ids).toHaveLength(1);
+      await expect.poll(async () => (await call(api, "GET", `/deployments/queue/${all.body.action_ids[0]}`, { credential: acme })).body.status, { timeout: 30_000 }).toBe("completed");
+    } finally {
+      await saveConfig((config) => delete config.services.extra);
+    }
+  });
+
   it("reports a static app's services as served from the edge and refuses to act on them, built or not", async () => {
     const site = await makeFixtureRepo("node-web", { files: { "platform.yaml": "type: static\nservices:\n  site:\n    build: node build.js\nstatic:\n  dir: .\n" } });
     try {

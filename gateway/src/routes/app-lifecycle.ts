@@ -342,8 +342,13 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       status: { type: "string", enum: ["queued"] },
       services: { type: "array", items: { type: "string" } },
       skipped_static: { type: "array", items: { type: "string" } },
+      skipped_not_deployed: {
+        type: "array",
+        items: { type: "string" },
+        description: "Services the saved config declares that the running release does not run (added with save-config): a deploy runs them; an app-level action leaves them out.",
+      },
     },
-    required: ["action_ids", "app_name", "branch", "action", "status", "services", "skipped_static"],
+    required: ["action_ids", "app_name", "branch", "action", "status", "services", "skipped_static", "skipped_not_deployed"],
   } as const;
   // A stop holds until a start, or until the branch is deployed again: a deploy swaps to a release
   // only once every service of it passed its checks, so it starts them all.
@@ -351,7 +356,9 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
   const rolling =
     " A restart replaces the replicas one at a time, each back and passing its health check before the next goes; the router holds or re-sends the requests meanwhile, so none fails. A replica that does not come back fails the row and leaves the ones after it untouched.";
   const noteOf = { restart: rolling, stop: stopHolds, start: "" } as const;
-  const nothingRunning = refusal("`nothing_running`: the branch is not deployed (nothing queued).");
+  const nothingRunning = refusal(
+    "`nothing_running`: the branch is not deployed (nothing queued); `service_not_deployed`: the running release does not have the service named (saved with save-config, not deployed yet).",
+  );
   for (const action of ["restart", "stop", "start"] as const) {
     app.post(
       `/api/services/:app_name/:service/${action}`,
@@ -360,7 +367,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         schema: {
           tags: ["services"],
           summary: `${action[0]!.toUpperCase()}${action.slice(1)} one service of a branch (a SERVICE_ACTION row).`,
-          description: `422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
+          description: `422 for a static (edge) service, with nothing queued; 404 for an undeclared service; 409 \`nothing_running\` when the branch is not deployed, \`service_not_deployed\` when the running release does not have the service (saved with save-config, not deployed yet).${noteOf[action]}`,
           params: { type: "object", properties: { app_name: { type: "string" }, service: { type: "string" } }, required: ["app_name", "service"] },
           querystring: branchQuery,
           response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors, 409: nothingRunning },
@@ -368,7 +375,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       },
       async (request, reply) => {
         const r = await serviceAction(request, action, (request.params as { service: string }).service);
-        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic });
+        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic, skipped_not_deployed: r.skippedNotDeployed });
       },
     );
     app.post(
@@ -378,7 +385,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
         schema: {
           tags: ["services"],
           summary: `${action[0]!.toUpperCase()}${action.slice(1)} every container service of a branch (one SERVICE_ACTION row each).`,
-          description: `Static services are skipped and listed in \`skipped_static\`; 422 when every service is static; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
+          description: `Static services are skipped and listed in \`skipped_static\`, services the running release does not have in \`skipped_not_deployed\`; 422 when every service is static; 409 \`nothing_running\` when the branch is not deployed.${noteOf[action]}`,
           params: appParams,
           querystring: branchQuery,
           response: { 202: serviceActionResponse, ...authErrors, ...bodyErrors, 409: nothingRunning },
@@ -386,7 +393,7 @@ export function appLifecycleRoutes(app: FastifyInstance, apps: Client<typeof App
       },
       async (request, reply) => {
         const r = await serviceAction(request, action, null);
-        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic });
+        return reply.code(202).send({ action_ids: r.actionIds, app_name: r.appName, branch: r.branch, action, status: r.status, services: r.services, skipped_static: r.skippedStatic, skipped_not_deployed: r.skippedNotDeployed });
       },
     );
   }

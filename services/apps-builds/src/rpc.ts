@@ -84,7 +84,7 @@ export function appMsg(a: App, router: RouterSettings, builds: number, single?: 
     createdBy: a.createdBy,
     serviceNames: a.serviceNames,
     urls: appUrls(a, services),
-    services: services.map((s) => ({ name: s.name, url: s.url ?? undefined })),
+    services: services.map((s) => ({ name: s.name, url: s.url ?? undefined, inServingRelease: s.inServingRelease })),
     ...(single
       ? {
           lastDeployStatus: a.lastDeployStatus ?? undefined,

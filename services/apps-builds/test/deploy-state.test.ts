@@ -76,13 +76,14 @@ describe("front door host (doc 1 section 2.1)", () => {
 
 describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing shape on every read)", () => {
   it("a service mounted at / is the bare front door, a path-mounted one adds its mount, unrouted ones have none", () => {
+    // A release reported without mounts runs what the config declares.
     expect(serviceUrls(addressed(), router)).toEqual([
-      { name: "web", url: "http://shop.staging.example.test" },
-      { name: "api", url: "http://shop.staging.example.test/api" },
+      { name: "web", url: "http://shop.staging.example.test", inServingRelease: true },
+      { name: "api", url: "http://shop.staging.example.test/api", inServingRelease: true },
       // An HTTP service without a mount is not routed on the front door.
-      { name: "admin", url: null },
+      { name: "admin", url: null, inServingRelease: true },
       // A background service has no port and no mount.
-      { name: "worker", url: null },
+      { name: "worker", url: null, inServingRelease: true },
     ]);
     expect(urlsOf(addressed(), router)).toEqual(["http://shop.staging.example.test", "http://shop.staging.example.test/api"]);
   });
@@ -151,18 +152,20 @@ describe("services[].url and urls (doc 1 section 2.1: rebuilt from the routing s
       runningMounts: { web: "/", api: "/api", admin: null, worker: null, legacy: "/old" },
     });
     expect(serviceUrls(app, router)).toEqual([
-      { name: "web", url: "http://shop.staging.example.test" },
-      { name: "api", url: "http://shop.staging.example.test/api" },
-      { name: "admin", url: null },
-      { name: "worker", url: null },
-      { name: "docs", url: null },
-      { name: "legacy", url: "http://shop.staging.example.test/old" },
+      { name: "web", url: "http://shop.staging.example.test", inServingRelease: true },
+      { name: "api", url: "http://shop.staging.example.test/api", inServingRelease: true },
+      { name: "admin", url: null, inServingRelease: true },
+      { name: "worker", url: null, inServingRelease: true },
+      // Saved with save-config: the next deploy runs it, the serving release does not.
+      { name: "docs", url: null, inServingRelease: false },
+      { name: "legacy", url: "http://shop.staging.example.test/old", inServingRelease: true },
     ]);
-    expect(serviceUrls({ ...app, deployStatus: "undeployed" }, router).every((s) => s.url === null)).toBe(true);
+    const undeployed = serviceUrls({ ...app, deployStatus: "undeployed" }, router);
+    expect(undeployed.every((s) => s.url === null && !s.inServingRelease)).toBe(true);
   });
 
   it("without a config yet, lists the known service names with no URL", () => {
-    expect(serviceUrls(addressed({ baseConfig: null, serviceNames: ["web"] }), router)).toEqual([{ name: "web", url: null }]);
+    expect(serviceUrls(addressed({ baseConfig: null, serviceNames: ["web"] }), router)).toEqual([{ name: "web", url: null, inServingRelease: true }]);
   });
 });
 

@@ -325,7 +325,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         }
         const app = await apps.getApp({ caller, appName: req.appName, branch });
         const target = { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch };
-        let result: { actions: Action[]; services: string[]; skippedStatic: string[] };
+        let result: { actions: Action[]; services: string[]; skippedStatic: string[]; skippedNotDeployed?: string[] };
         switch (type) {
           case "UNDEPLOY":
           case "RECONCILE_ROUTING": {
@@ -382,8 +382,9 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
             // a static service is refused 422, an undeclared one 404).
             const config = await declaredConfig(apps, caller, app);
             const shapes = config ? serviceShapes(config, app.services.map((s) => s.name)) : [];
-            const targets = config ? serviceTargets(app.appName, shapes, req.services[0] ?? null) : null;
-            if (!running || !targets) {
+            const deployed = running ? new Set(app.services.filter((s) => s.inServingRelease).map((s) => s.name)) : null;
+            const targets = config ? serviceTargets(app.appName, shapes, req.services[0] ?? null, deployed) : null;
+            if (!running || !targets || targets.services.length === 0) {
               throw PlatformError.conflict({ code: "nothing_running", message: `Nothing runs on branch '${app.branch}' of '${app.appName}': deploy it first.` });
             }
             const actions = await ctx.write(async (em) => {
@@ -395,7 +396,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               }
               return out;
             });
-            result = { actions, services: targets.services, skippedStatic: targets.skippedStatic };
+            result = { actions, services: targets.services, skippedStatic: targets.skippedStatic, skippedNotDeployed: targets.skippedNotDeployed };
             break;
           }
           default:
@@ -410,6 +411,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           imageTag: result.actions[0]?.imageTag ?? undefined,
           services: result.services,
           skippedStatic: result.skippedStatic,
+          skippedNotDeployed: result.skippedNotDeployed ?? [],
         };
       },
 

@@ -187,35 +187,42 @@ describe("service action targets (doc 2 section 4.10)", () => {
     { name: "site", isStatic: true },
     { name: "worker", isStatic: false },
   ];
+  const running = new Set(["web", "worker"]);
 
   it("targets the one named container service", () => {
-    expect(serviceTargets("shop", services, "worker")).toEqual({ services: ["worker"], skippedStatic: [] });
+    expect(serviceTargets("shop", services, "worker", running)).toEqual({ services: ["worker"], skippedStatic: [], skippedNotDeployed: [] });
   });
 
   it("refuses an undeclared service with 404", () => {
-    const r = refusal(() => serviceTargets("shop", services, "ghost"));
+    const r = refusal(() => serviceTargets("shop", services, "ghost", running));
     expect(r.status).toBe(404);
     expect(r.detail).toContain("ghost");
   });
 
   it("refuses a named static (edge) service with 422", () => {
-    const r = refusal(() => serviceTargets("shop", services, "site"));
+    const r = refusal(() => serviceTargets("shop", services, "site", running));
     expect(r).toMatchObject({ status: 422, detail: { code: "static_service" } });
   });
 
   it("an app-level action targets every container service and lists the static ones skipped", () => {
-    expect(serviceTargets("shop", services, null)).toEqual({ services: ["web", "worker"], skippedStatic: ["site"] });
+    expect(serviceTargets("shop", services, null, running)).toEqual({ services: ["web", "worker"], skippedStatic: ["site"], skippedNotDeployed: [] });
+  });
+
+  it("leaves out a service the running release does not have (saved with save-config, not deployed): 409 by name, skipped and listed app-wide", () => {
+    const saved = [...services, { name: "extra", isStatic: false }];
+    expect(refusal(() => serviceTargets("shop", saved, "extra", running))).toMatchObject({ status: 409, detail: { code: "service_not_deployed" } });
+    expect(serviceTargets("shop", saved, null, running)).toEqual({ services: ["web", "worker"], skippedStatic: ["site"], skippedNotDeployed: ["extra"] });
   });
 
   it("knows a static app's services by its config and by its registration's latest preflight, a container app's by its config alone", () => {
     expect(serviceShapes({ type: "static", services: {} }, ["site"])).toEqual([{ name: "site", isStatic: true }]);
-    const r = refusal(() => serviceTargets("shop", serviceShapes({ type: "static" }, ["site"]), "site"));
+    const r = refusal(() => serviceTargets("shop", serviceShapes({ type: "static" }, ["site"]), "site", running));
     expect(r).toMatchObject({ status: 422, detail: { code: "static_service" } });
     expect(serviceShapes({ type: "container", services: { web: {} } }, ["web", "worker"])).toEqual([{ name: "web", isStatic: false }]);
   });
 
   it("refuses an app-level action with 422 when every service is static", () => {
-    const r = refusal(() => serviceTargets("shop", [{ name: "site", isStatic: true }], null));
+    const r = refusal(() => serviceTargets("shop", [{ name: "site", isStatic: true }], null, running));
     expect(r).toMatchObject({ status: 422, detail: { code: "all_static" } });
   });
 });

@@ -42,6 +42,8 @@ export function appConfigOf(app: Pick<App, "baseConfig" | "overlay">): AppConfig
 export interface ServiceUrl {
   name: string;
   url: string | null;
+  /** The serving release runs it (a service only the saved config declares does not, until a deploy). */
+  inServingRelease: boolean;
 }
 
 type AddressedApp = FrontDoorApp & Pick<App, "baseConfig" | "overlay" | "deployStatus" | "runningVersion" | "runningMounts" | "serviceNames" | "primaryOverrides">;
@@ -74,8 +76,10 @@ export function serviceUrls(app: AddressedApp, router: RouterSettings): ServiceU
     : new Map(config ? routedServices(config).map(({ name, service }) => [name, service.mount!]) : []);
   return names.map((name) => {
     const mount = mounts.get(name);
-    if (!hosts[0] || mount === undefined) return { name, url: null };
-    return { name, url: `${origin(hosts[0], router)}${mount === "/" ? "" : mount}` };
+    // An undeploy in flight still has the release running until it has stopped it.
+    const inServingRelease = app.deployStatus !== "undeployed" && !!app.runningVersion && (app.runningMounts ? name in app.runningMounts : true);
+    if (!hosts[0] || mount === undefined) return { name, url: null, inServingRelease };
+    return { name, url: `${origin(hosts[0], router)}${mount === "/" ? "" : mount}`, inServingRelease };
   });
 }
 

@@ -62,27 +62,37 @@ export function serviceShapes(config: { type?: string; services?: Record<string,
 export interface ServiceTargets {
   services: string[];
   skippedStatic: string[];
+  skippedNotDeployed: string[];
 }
 
 /**
- * A service action's targets: one named service (404 undeclared, 422 static) or every
- * container service of the app (422 when all are static).
+ * A service action's targets: one named service (404 undeclared, 422 static, 409 when the serving
+ * release does not run it: a service saved with save-config runs once a deploy ships it) or every
+ * container service the serving release runs (422 when all are static). `deployed` is null while
+ * nothing serves: the caller then refuses with nothing_running, once the service is known declared.
  */
-export function serviceTargets(appName: string, services: ServiceShape[], named: string | null): ServiceTargets {
+export function serviceTargets(appName: string, services: ServiceShape[], named: string | null, deployed: ReadonlySet<string> | null): ServiceTargets {
   if (named) {
     const s = services.find((x) => x.name === named);
     if (!s) throw PlatformError.notFound(`App '${appName}' declares no service '${named}'`);
     if (s.isStatic) {
       throw PlatformError.invalid({ code: "static_service", message: `Service '${named}' is static (served from the edge): it has no process to start, stop or restart.` });
     }
-    return { services: [named], skippedStatic: [] };
+    if (deployed && !deployed.has(named)) {
+      throw PlatformError.conflict({
+        code: "service_not_deployed",
+        message: `Service '${named}' of '${appName}' is in the saved config but not in the release that runs: deploy the branch to run it.`,
+      });
+    }
+    return { services: [named], skippedStatic: [], skippedNotDeployed: [] };
   }
   const containers = services.filter((s) => !s.isStatic).map((s) => s.name);
   const skippedStatic = services.filter((s) => s.isStatic).map((s) => s.name);
   if (containers.length === 0) {
     throw PlatformError.invalid({ code: "all_static", message: `Every service of '${appName}' is static (served from the edge): nothing to start, stop or restart.` });
   }
-  return { services: containers, skippedStatic };
+  if (!deployed) return { services: containers, skippedStatic, skippedNotDeployed: [] };
+  return { services: containers.filter((n) => deployed.has(n)), skippedStatic, skippedNotDeployed: containers.filter((n) => !deployed.has(n)) };
 }
 
 /** Actions that change what containers run: a scale waits for none of them to be in flight. */
