@@ -111,7 +111,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async createGroup(req) {
         const caller = requireCaller(req.caller);
-        return groupMsg(await ctx.write((em) => createGroup(em, caller, { slug: req.slug, displayName: req.displayName })));
+        return groupMsg(await createGroup(ctx.write, caller, { slug: req.slug, displayName: req.displayName }));
       },
 
       async updateGroup(req) {

@@ -61,6 +61,16 @@ afterAll(async () => {
   await deleteBusStreams(prefix);
 });
 
+describe("creating a group", () => {
+  it("answers 409 group_exists to every create of one slug but the first, however many come at once", async () => {
+    const results = await Promise.allSettled(Array.from({ length: 6 }, () => client.createGroup({ caller: root, slug: "raced" })));
+    expect(results.filter((r) => r.status === "fulfilled")).toHaveLength(1);
+    for (const r of results) {
+      if (r.status === "rejected") expect(await refusal(Promise.reject(r.reason))).toMatchObject({ status: 409, detail: { code: "group_exists" } });
+    }
+  });
+});
+
 describe("renaming a group", () => {
   it("is for platform operators only", async () => {
     expect(await refusal(client.updateGroup({ caller: tenant("acme"), slug: "acme", newSlug: "acme-co" }))).toMatchObject({ status: 403 });

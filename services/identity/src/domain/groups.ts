@@ -61,16 +61,24 @@ async function checkSlugFree(em: EntityManager, slug: string, groupId: string | 
   }
 }
 
-export async function createGroup(em: EntityManager, caller: Caller, input: { slug: string; displayName?: string }): Promise<Group> {
+export async function createGroup(transact: Transact, caller: Caller, input: { slug: string; displayName?: string }): Promise<Group> {
   requireOperator(caller);
   const slug = input.slug.trim();
   validateSlug(slug);
   const displayName = checkDisplayName(input.displayName ?? "") || slug;
-  await checkSlugFree(em, slug, null);
-  const group = em.create(Group, { id: randomUUID(), slug, displayName, personal: false });
-  audit(em, { actor: actorOf(caller), action: "group.create", target: slug, groupSlug: slug, details: { display_name: displayName } });
-  enqueueEvent(em, subjects.events.groupCreated, { slug, display_name: displayName });
-  return group;
+  try {
+    return await transact(async (em) => {
+      await checkSlugFree(em, slug, null);
+      const group = em.create(Group, { id: randomUUID(), slug, displayName, personal: false });
+      audit(em, { actor: actorOf(caller), action: "group.create", target: slug, groupSlug: slug, details: { display_name: displayName } });
+      enqueueEvent(em, subjects.events.groupCreated, { slug, display_name: displayName });
+      return group;
+    });
+  } catch (err) {
+    // Two creates of one slug at once: both found it free, the second's commit meets the first's row.
+    if (err instanceof UniqueConstraintViolationException) throw groupExists(slug);
+    throw err;
+  }
 }
 
 export async function listGroups(em: EntityManager, caller: Caller): Promise<Group[]> {
