@@ -93,7 +93,10 @@ export function groupLockErrors(own409: string) {
 
 /** Query parameters accepted on every route: group selection and the legacy environment. */
 export const commonQuery = {
-  group: { type: "string", description: "Group to act in (first in the selection order; a group you are not a member of gives 404)." },
+  group: {
+    type: "string",
+    description: "Group to act in: first in the selection order, then the X-Platform-Group header, then the key's own group; a group you are not a member of gives 404.",
+  },
   environment: {
     type: ["string", "array"],
     items: { type: "string" },

@@ -53,7 +53,7 @@ describe("health", () => {
   });
 
   it("adds the database status and table count with deep=true, and ignores a legacy environment", async () => {
-    const r = await call(api, "GET", "/health?deep=true&environment=production");
+    const r = await call(api, "GET", "/health?deep=true&environment=production&environment=staging");
     expect(r.status).toBe(200);
     expect(r.body).toMatchObject({ status: "ok", environment: "dev", database: "ok" });
     expect(r.body.tables).toBeGreaterThanOrEqual(6);
@@ -180,6 +180,8 @@ describe("platform-operator gate", () => {
   it("holds an operator to its scope: a read-only platform key may not create, rename or delete groups", async () => {
     const readOnly = await call(api, "POST", "/keys", { credential: root, body: { name: "monitoring", scope: "read", platform: true } });
     expect(readOnly.status).toBe(201);
+    // The secret is in this answer alone: nothing along the way may keep it.
+    expect(readOnly.headers.get("cache-control")).toBe("no-store");
     const k = readOnly.body.key as string;
     expect(await call(api, "POST", "/groups", { credential: k, body: { slug: "x2" } })).toMatchObject({ status: 403, body: { detail: "Scope 'admin' required, you have 'read'" } });
     expect((await call(api, "PATCH", "/groups/globex", { credential: k, body: { display_name: "Mine" } })).status).toBe(403);

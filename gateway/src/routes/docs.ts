@@ -53,7 +53,12 @@ export function docsRoutes(app: FastifyInstance): void {
     "/api/openapi.json",
     {
       config: { access: {} },
-      schema: { tags: ["docs"], summary: "This document (OpenAPI 3.1). Any credential." },
+      schema: {
+        tags: ["docs"],
+        summary: "This document (OpenAPI 3.1). Any credential.",
+        description: "The same document is embedded in the API docs page, GET /api/docs, which needs no credential.",
+        response: { 200: { type: "object", additionalProperties: true, description: "The OpenAPI 3.1 document." } },
+      },
     },
     async () => app.swagger(),
   );

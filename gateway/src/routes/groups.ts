@@ -21,7 +21,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
           type: "object",
           properties: {
             slug: { type: "string", description: "1-63 lowercase letters, digits and hyphens." },
-            display_name: { type: "string" },
+            display_name: { type: "string", maxLength: 200, description: "Defaults to the slug." },
           },
           required: ["slug"],
         },
@@ -81,7 +81,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
           type: "object",
           properties: {
             slug: { type: "string", description: "The new slug: 1-63 lowercase letters, digits and hyphens." },
-            display_name: { type: "string", maxLength: 200 },
+            display_name: { type: "string", maxLength: 200, description: "Empty: back to the default, the slug." },
           },
           additionalProperties: false,
         },

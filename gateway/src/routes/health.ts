@@ -1,6 +1,7 @@
 import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import type { IdentityService } from "@platform/proto";
+import { commonQuery } from "../schemas.ts";
 
 export interface HealthDeps {
   identity: Client<typeof IdentityService>;
@@ -21,7 +22,7 @@ export function healthRoutes(app: FastifyInstance, deps: HealthDeps): void {
           type: "object",
           properties: {
             deep: { type: "boolean", default: false, description: "Also report the database status and its table count." },
-            environment: { type: "string", description: "Legacy parameter: accepted and ignored." },
+            environment: commonQuery.environment,
           },
         },
         response: {
@@ -36,6 +37,7 @@ export function healthRoutes(app: FastifyInstance, deps: HealthDeps): void {
             },
             required: ["status", "environment", "version"],
           },
+          422: { $ref: "Error#", description: "`deep` is not a boolean (`true` or `false`), or given more than once." },
         },
       },
     },

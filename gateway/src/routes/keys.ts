@@ -71,7 +71,8 @@ export function keyRoutes(app: FastifyInstance, identity: Client<typeof Identity
         platform: body.platform ?? false,
       });
       const k = r.key;
-      return reply.code(201).send({
+      // The one answer that carries the secret: no cache along the way may keep it.
+      return reply.code(201).header("cache-control", "no-store").send({
         id: k?.id,
         key: r.secret,
         prefix: k?.prefix,

@@ -97,6 +97,9 @@ describe("renaming a group", () => {
     const audits = await identity.ctx.read((em) => em.find(AuditEntry, { action: "group.update", target: "initech" }));
     expect(audits[0]?.details).toMatchObject({ display_name: "Initech Corp", previous_display_name: "INITECH" });
     await expect.poll(() => eventsOf(subjects.events.groupUpdated)).toContainEqual(expect.objectContaining({ slug: "initech", display_name: "Initech Corp" }));
+    // An empty one is the default, as at creation: the slug.
+    expect(await client.updateGroup({ caller: root, slug: "initech", displayName: " " })).toMatchObject({ slug: "initech", displayName: "initech" });
+    await client.updateGroup({ caller: root, slug: "initech", displayName: "Initech Corp" });
   });
 
   it("renames: same id, keys and members follow the new slug, audited and announced", async () => {

@@ -141,6 +141,8 @@ describe("API keys", () => {
     expect(await refusal(client.createKey({ caller: acme, name: "x", scope: "read", group: "globex" }))).toMatchObject({ status: 404 });
     expect(await refusal(client.createKey({ caller: acme, name: "x", scope: "read", platform: true }))).toMatchObject({ status: 403 });
     expect(await refusal(client.createKey({ caller: acme, name: "", scope: "read" }))).toMatchObject({ status: 422 });
+    expect((await client.createKey({ caller: acme, name: "😀".repeat(100), scope: "read" })).key).toBeTruthy();
+    expect(await refusal(client.createKey({ caller: acme, name: "😀".repeat(101), scope: "read" }))).toMatchObject({ status: 422 });
     expect(await refusal(client.createKey({ caller: acme, name: "x", scope: "owner" }))).toMatchObject({ status: 422 });
   });
 

@@ -130,7 +130,8 @@ export async function updateGroup(transact: Transact, caller: Caller, slug: stri
   requireOperator(caller);
   const newSlug = change.newSlug?.trim();
   if (newSlug !== undefined) validateSlug(newSlug);
-  const displayName = change.displayName === undefined ? undefined : checkDisplayName(change.displayName);
+  // An empty display name is the default, as at creation: the slug.
+  const displayName = change.displayName === undefined ? undefined : checkDisplayName(change.displayName) || newSlug || slug;
   if (newSlug === undefined || newSlug === slug) {
     return transact(async (em) => {
       const group = await em.findOne(Group, { slug });

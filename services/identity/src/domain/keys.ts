@@ -29,7 +29,9 @@ function keyNotFound(): PlatformError {
 
 export async function mintKey(em: EntityManager, caller: Caller, input: MintInput): Promise<{ view: KeyView; secret: string }> {
   const name = input.name.trim();
-  if (name.length < 1 || name.length > 100) throw PlatformError.invalid("name must be 1-100 characters.");
+  // Characters, not UTF-16 units: a name in any script gets its 100.
+  const length = [...name].length;
+  if (length < 1 || length > 100) throw PlatformError.invalid("name must be 1-100 characters.");
   if (!isScope(input.scope)) throw PlatformError.invalid(`scope must be one of ${SCOPES.join(", ")}.`);
   if (!caller.platformOperator && scopeLevel(input.scope) > scopeLevel(caller.scope)) {
     throw PlatformError.forbidden(`Scope '${input.scope}' exceeds your own scope '${caller.scope}'`);
