@@ -520,6 +520,13 @@ describe("reads", () => {
     expect(unknown?.status).toBe(404);
     expect(String(unknown?.detail).replace(/'[^']+'/, "")).toBe(String(foreign?.detail).replace(/'[^']+'/, ""));
     expect(await refusal(client.diagnoseAction({ caller: globex, actionId: buildId }))).toMatchObject({ status: 404 });
+    // An operator who selected a group acts in it alone, by id as in listings: another group's
+    // action is not found, to read or to change.
+    expect((await client.getAction({ caller: operator("acme", true), actionId: buildId })).actionId).toBe(buildId);
+    expect(await refusal(client.getAction({ caller: operator("globex", true), actionId: buildId }))).toMatchObject({ status: 404 });
+    expect(await client.cancelAction({ caller: operator("globex", true), actionId: buildId })).toMatchObject({ status: "not_found" });
+    expect(await refusal(client.prioritize({ caller: operator("globex", true), target: buildId }))).toMatchObject({ status: 404 });
+    expect((await row(buildId)).status).toBe("queued");
   });
 
   it("ListQueue: group-scoped, live rows unless all, exclude_types, limit", async () => {

@@ -23,17 +23,28 @@ export function actionNotFound(id: string): PlatformError {
   return PlatformError.notFound(`Action '${id}' not found`);
 }
 
-/** Reads: any group the caller may see ("authorised against its owner"); operators see all. */
+/**
+ * An operator who selected a group (`?group=`, X-Platform-Group) acts in that group alone, by id
+ * as in listings (spec doc 1 section 1: "they may target one group"); one who selected none,
+ * in every group.
+ */
+function inOperatorSelection(caller: Caller, groupSlug: string): boolean {
+  return !caller.explicitGroup || groupSlug === caller.selectedGroup;
+}
+
+/** Reads: any group the caller may see ("authorised against its owner"); operators, the one they selected or all. */
 export function canRead(caller: Caller, groupSlug: string): boolean {
+  if (caller.platformOperator) return inOperatorSelection(caller, groupSlug);
   return canSeeGroup(caller, groupSlug);
 }
 
 /**
  * Changes (cancel, prioritize, admit-force): the group the caller acts in, where its scope was
- * checked; operators act on any group.
+ * checked; operators, the one they selected or any.
  */
 export function canAct(caller: Caller, groupSlug: string): boolean {
-  return caller.platformOperator || (groupSlug === caller.selectedGroup && canSeeGroup(caller, groupSlug));
+  if (caller.platformOperator) return inOperatorSelection(caller, groupSlug);
+  return groupSlug === caller.selectedGroup && canSeeGroup(caller, groupSlug);
 }
 
 /**

@@ -29,8 +29,7 @@ export async function prioritize(em: EntityManager, caller: Caller, rawTarget: s
   let targets: Action[] = [];
   // The target resolves inside the caller's group (spec 4.5): the one selected, when an operator
   // selected one too.
-  const inScope = (g: string) => canAct(caller, g) && (spansEveryGroup(caller) || !caller.selectedGroup || g === caller.selectedGroup);
-  const byId = isIdPrefix(target) ? await findActionByPrefix(em, target, inScope, { lock: true }) : null;
+  const byId = isIdPrefix(target) ? await findActionByPrefix(em, target, (g) => canAct(caller, g), { lock: true }) : null;
   if (byId) {
     if (isTerminal(byId.status)) {
       throw PlatformError.conflict({ code: "action_finished", message: `Action ${byId.id} is already ${byId.status}; only queued or running actions can be prioritized.`, status: byId.status });
