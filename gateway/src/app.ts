@@ -121,7 +121,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   queueRoutes(app, queue);
   deploymentRoutes(app, queue, health);
   appLifecycleRoutes(app, apps, queue);
-  logRoutes(app, health, apps);
+  logRoutes(app, { health, apps, queue });
   varRoutes(app, apps, { environment: config.PLATFORM_ENVIRONMENT });
   docsRoutes(app);
 

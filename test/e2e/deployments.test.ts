@@ -159,6 +159,15 @@ describe("a build deployed by the agent", () => {
     // A replica's output carries the deployment that started it: one release's output is found by its id.
     const ofRelease = await call(api, "GET", `/logs?source=container&deployment_id=${first.deploy.id}&search=listening`, { credential: acme });
     expect(ofRelease.body.logs[0]).toMatchObject({ deployment_id: first.deploy.id, message: expect.stringMatching(/^node-web listening on \d+$/) });
+    // Ids are taken as everywhere else: a prefix of 8 or more characters names the one it starts.
+    const byPrefix = async (param: string, id: string) => (await call(api, "GET", `/logs?${param}=${id}`, { credential: acme })).body;
+    expect((await byPrefix("deployment_id", first.deploy.id.slice(0, 8))).total).toBe((await byPrefix("deployment_id", first.deploy.id)).total);
+    expect((await byPrefix("action_id", first.deploy.id.slice(0, 13))).total).toBe((await byPrefix("action_id", first.deploy.id)).total);
+    const buildLines = (await byPrefix("build_id", first.buildId)).total;
+    expect(buildLines).toBeGreaterThan(0);
+    expect((await byPrefix("build_id", first.buildId.slice(0, 8))).total).toBe(buildLines);
+    expect((await call(api, "GET", `/logs?deployment_id=${first.deploy.id.slice(0, 7)}`, { credential: acme })).status).toBe(422);
+    expect(await call(api, "GET", `/logs?deployment_id=${first.deploy.id.slice(0, 8)}`, { credential: globex })).toMatchObject({ status: 200, body: { logs: [], total: 0 } });
     const empty = (q: string) => call(api, "GET", `/logs?app_name=${APP}&source=container&${q}`, { credential: acme });
     expect((await empty("service_name=nope")).body).toMatchObject({ logs: [], reason: "no_log_group" });
     expect((await empty("search=nothing-says-this")).body).toMatchObject({ logs: [], reason: "no_output_yet" });

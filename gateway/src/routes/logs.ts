@@ -5,7 +5,8 @@
  */
 import type { FastifyInstance } from "fastify";
 import { Code, ConnectError, type Client } from "@connectrpc/connect";
-import type { AppsBuildsService, Caller, HealthAggregatorService, LogRow, QueryLogsResponse } from "@platform/proto";
+import type { AppsBuildsService, Caller, DeployQueueService, HealthAggregatorService, LogRow, QueryLogsResponse } from "@platform/proto";
+import { checkIdPrefix } from "@platform/errors";
 import { platformErrorOf } from "@platform/rpc";
 import { callerOf } from "../access.ts";
 import { authErrors, commonQuery, offsetParam } from "../schemas.ts";
@@ -17,7 +18,9 @@ const nullableString = { type: ["string", "null"] } as const;
 const idParam = (what: string) =>
   ({
     type: "string",
-    description: `Hex digits and hyphens only. Identifies the owning app: app_name and branch are then ignored. An id you cannot see gives an empty result, like an unknown one. (${what})`,
+    description:
+      `The id, or a prefix of at least 8 hex-or-hyphen characters (shorter is 422) naming one ${what}. Identifies the owning app: app_name and branch are then ignored. ` +
+      "An id you cannot see gives an empty result, like an unknown one.",
   }) as const;
 
 const logRowSchema = {
@@ -96,7 +99,28 @@ async function seesAppOn(apps: Client<typeof AppsBuildsService>, caller: Caller,
   }
 }
 
-export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggregatorService>, apps: Client<typeof AppsBuildsService>): void {
+const FULL_ID_LENGTH = 36;
+
+/**
+ * The whole id a prefix names (spec doc 1 section 4.5: id lookups take 8 or more hex-or-hyphen
+ * characters), as its owner resolves it for this caller; what names nothing it can see stays as
+ * given and so matches no line, as an unknown whole id does.
+ */
+async function wholeId(given: string | undefined, what: string, resolve: (prefix: string) => Promise<string>): Promise<string> {
+  const id = given?.trim() ?? "";
+  if (!id) return "";
+  const prefix = checkIdPrefix(id, what);
+  if (prefix.length === FULL_ID_LENGTH) return prefix;
+  return resolve(prefix).catch((err: unknown) => {
+    if (err instanceof ConnectError && err.code === Code.NotFound) return prefix;
+    throw err;
+  });
+}
+
+export function logRoutes(
+  app: FastifyInstance,
+  { health, apps, queue }: { health: Client<typeof HealthAggregatorService>; apps: Client<typeof AppsBuildsService>; queue: Client<typeof DeployQueueService> },
+): void {
   app.get(
     "/api/logs",
     {
@@ -169,6 +193,11 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
     async (request) => {
       const q = request.query as LogsQuery;
       const caller = callerOf(request);
+      const [deploymentId, buildId, actionId] = await Promise.all([
+        wholeId(q.deployment_id, "a deployment id", async (p) => (await queue.getAction({ caller, actionId: p })).actionId),
+        wholeId(q.build_id, "a build id", async (p) => (await apps.getBuild({ caller, buildId: p })).id),
+        wholeId(q.action_id, "an action id", async (p) => (await queue.getAction({ caller, actionId: p })).actionId),
+      ]);
       // An id names its app, and then app_name and branch are ignored.
       const branch = q.app_name && q.branch?.trim() && !q.deployment_id && !q.build_id && !q.action_id ? q.branch.trim() : null;
       // Asked together: the log store checks every parameter (422) whatever the access check says.
@@ -179,9 +208,9 @@ export function logRoutes(app: FastifyInstance, health: Client<typeof HealthAggr
             appName: q.app_name ?? "",
             source: q.source ?? "",
             serviceName: q.service_name ?? "",
-            deploymentId: q.deployment_id ?? "",
-            buildId: q.build_id ?? "",
-            actionId: q.action_id ?? "",
+            deploymentId,
+            buildId,
+            actionId,
             level: q.level ?? "",
             search: q.search ?? "",
             since: q.since ?? "",
