@@ -22,6 +22,7 @@ import http from "node:http";
 import path from "node:path";
 import { checkAppConfig, normalizeAppConfig, problemsSummary, type NormalizedServiceConfig } from "@platform/app-config";
 import { freePort } from "@platform/fleet";
+import { cutMessage } from "@platform/logship";
 import { appKey, routeOf, type DeployedApp, type DeployedService, type HostState, type InflightDeploy } from "./host-state.ts";
 import type { Mutex } from "./mutex.ts";
 import type { RouteSpec, Router, RoutingDrift } from "./router-types.ts";
@@ -269,7 +270,8 @@ export class Deployer {
     const out: Record<string, string[]> = {};
     for (const r of replicas) {
       if (this.#running(r.id) || out[r.service]) continue;
-      out[r.service] = (await this.#d.driver.tail(r.id, CRASH_TAIL_LINES).catch(() => [])).slice(-CRASH_TAIL_LINES);
+      // Each line as a log line keeps it: the crash output is shown again in the deploy's phases and on the app.
+      out[r.service] = (await this.#d.driver.tail(r.id, CRASH_TAIL_LINES).catch(() => [])).slice(-CRASH_TAIL_LINES).map(cutMessage);
     }
     return out;
   }

@@ -204,7 +204,9 @@ describe("a build deployed by the agent", () => {
 
   it("fails a release that crashes during its health checks, with its crash output, while the older one keeps serving", async () => {
     const before = await getApp();
-    await web.commit("crash", { "server.js": 'console.log("starting");\nconsole.error("fatal: GREETING is " + process.env.GREETING);\nprocess.exit(3);\n' });
+    await web.commit("crash", {
+      "server.js": 'console.log("starting");\nconsole.log("x".repeat(200000));\nconsole.error("fatal: GREETING is " + process.env.GREETING);\nprocess.exit(3);\n',
+    });
     const crashed = await buildAndDeploy();
     // How it ended, exit code included: what to fix is in it.
     expect(crashed.deploy).toMatchObject({ status: "failed", error_message: "Service web exited with code 3 during the health checks." });
@@ -216,10 +218,12 @@ describe("a build deployed by the agent", () => {
       last_deploy_error: expect.stringContaining("exited with code 3 during the health checks"),
       deploy_warning: expect.stringContaining(`${before.running_version} still serves`),
     });
-    expect(app.last_crash_output.web).toEqual(["starting", "fatal: GREETING is hello-vars"]);
+    // A line is kept as a log line keeps it: 16 KiB, the rest cut and marked.
+    const long = `${"x".repeat(16_384 - " … [truncated]".length)} … [truncated]`;
+    expect(app.last_crash_output.web).toEqual(["starting", long, "fatal: GREETING is hello-vars"]);
     expect((await viaRouter(`${app.urls[0]}/`)).body).toBe("hello v2 from node-web (/)\n");
     const logs = await call(api, "GET", `/deployments/${crashed.deploy.id}/logs`, { credential: acme });
-    expect(logs.body.crash_output).toEqual({ web: ["starting", "fatal: GREETING is hello-vars"] });
+    expect(logs.body.crash_output).toEqual({ web: ["starting", long, "fatal: GREETING is hello-vars"] });
   });
 
   it("retries the failed deploy (409 when the latest did not fail) and redeploys the latest image", async () => {

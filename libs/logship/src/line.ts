@@ -117,7 +117,8 @@ function storableJson(value: unknown, depth: number): unknown {
   return undefined;
 }
 
-function cut(message: string): string {
+/** A message as a log line keeps it: at most MAX_MESSAGE_CHARS, the rest cut and marked. */
+export function cutMessage(message: string): string {
   if (message.length <= MAX_MESSAGE_CHARS) return message;
   return `${message.slice(0, pairSafeEnd(message, MAX_MESSAGE_CHARS - TRUNCATION_MARK.length))}${TRUNCATION_MARK}`;
 }
@@ -195,7 +196,7 @@ export function validateLogLine(input: unknown): LogLineResult {
       build_id: ids.build_id ?? null,
       action_id: ids.action_id ?? null,
       instance_id: names.instance_id ?? null,
-      message: storableText(cut(input.message)),
+      message: storableText(cutMessage(input.message)),
       metadata,
     },
   };
