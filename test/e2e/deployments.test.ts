@@ -123,6 +123,10 @@ describe("a build deployed by the agent", () => {
     const id = first.deploy.id;
     const list = await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme });
     expect(list.body.items.map((d: any) => d.id)).toContain(id);
+    // The app's canonical name lists what its slug lists, as POST /api/deployments takes it.
+    const canonical = await call(api, "GET", `/deployments?app_name=${encodeURIComponent("Node Web")}`, { credential: acme });
+    expect(canonical.body.items.map((d: any) => d.id)).toEqual(list.body.items.map((d: any) => d.id));
+    expect((await call(api, "GET", `/deployments/history?app_name=NODE_WEB`, { credential: acme })).body.total).toBeGreaterThan(0);
     // Operator-only fields are present and null for a tenant; an operator sees them.
     expect(first.deploy).toMatchObject({ placement_plan: null, instance_status: null, leader_instance: null, infrastructure: null, previous_tag: null });
     const asRoot = await call(api, "GET", `/deployments/${id}`, { credential: fleet.rootKey });

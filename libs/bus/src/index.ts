@@ -22,6 +22,7 @@ import { events, streams, type StreamDeclaration } from "./subjects.ts";
 
 export * as subjects from "./subjects.ts";
 export { pairSafeEnd } from "./text.ts";
+export { appNameKey, HOST_LABEL_MAX, sanitizeName } from "./app-names.ts";
 export { AGENT_RPC_WORKING_HEADER, AgentSilentError, answerWorking, requestOfAgent } from "./agent-rpc.ts";
 export type { NatsConnection, JetStreamClient, JetStreamManager, JsMsg, MsgHdrs, Subscription };
 

@@ -1,12 +1,13 @@
 /**
  * Reading and removing apps. Another group's app is "not found", exactly like an unknown one.
  */
+import { appNameKey } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { announceBuildsDeleted } from "./purge.ts";
-import { routeAppName } from "./naming.ts";
+
 
 export function appNotFound(appName: string, branch?: string): PlatformError {
   return PlatformError.notFound(branch ? `App '${appName}' has no branch '${branch}'` : `App '${appName}' not found`);
@@ -18,7 +19,7 @@ export function appNotFound(appName: string, branch?: string): PlatformError {
  * promoted (or registered) while another is deleted could leave the app without a production branch.
  */
 export async function holdProductionLock(em: EntityManager, appName: string): Promise<void> {
-  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.production.${routeAppName(appName)}`], "all", em.getTransactionContext());
+  await em.getConnection().execute("select pg_advisory_xact_lock(hashtext(?))", [`apps.production.${appNameKey(appName)}`], "all", em.getTransactionContext());
 }
 
 /**
@@ -26,7 +27,7 @@ export async function holdProductionLock(em: EntityManager, appName: string): Pr
  * a platform operator who named no group, in any.
  */
 export async function appBranches(em: EntityManager, caller: Caller, appName: string): Promise<App[]> {
-  const rows = await em.find(App, { appName: routeAppName(appName) }, { orderBy: { isProduction: "desc", createdAt: "asc" } });
+  const rows = await em.find(App, { appName: appNameKey(appName) }, { orderBy: { isProduction: "desc", createdAt: "asc" } });
   const anyGroup = !caller.selectedGroup || spansEveryGroup(caller);
   const visible = rows.filter((a) => canSeeGroup(caller, a.groupSlug) && (anyGroup || a.groupSlug === caller.selectedGroup));
   if (visible.length === 0) throw appNotFound(appName);

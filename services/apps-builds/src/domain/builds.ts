@@ -6,11 +6,11 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { PlatformError, checkIdPrefix } from "@platform/errors";
 import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
-import { subjects, type BuildRequested } from "@platform/bus";
+import { appNameKey, subjects, type BuildRequested } from "@platform/bus";
 import { shownRepository } from "@platform/app-config";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
-import { appNameFrom, routeAppName } from "./naming.ts";
+import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
 import { checkConfigPath, registerApp, registrationHolder } from "./registration.ts";
 import { underGroupLock, type GroupLock, type Transact } from "./group-lock.ts";
@@ -353,7 +353,7 @@ export function buildNotFound(id: string): PlatformError {
 }
 
 export async function findBuildByTag(em: EntityManager, caller: Caller, appName: string, tag: string): Promise<Build> {
-  const build = await em.findOne(Build, { appName: routeAppName(appName), tag });
+  const build = await em.findOne(Build, { appName: appNameKey(appName), tag });
   const scope = visibleGroupFilter(caller);
   if (!build || !canSeeGroup(caller, build.groupSlug) || (scope.groupSlug !== undefined && build.groupSlug !== scope.groupSlug)) {
     throw PlatformError.notFound(`Build '${tag}' of app '${appName}' not found`);
@@ -396,7 +396,7 @@ export async function listBuilds(em: EntityManager, caller: Caller, f: BuildFilt
   if (f.offset < 0) throw PlatformError.invalid("offset must be 0 or more.");
   const where: Record<string, unknown> = { ...visibleGroupFilter(caller) };
   if (!caller.platformOperator && !canSeeGroup(caller, caller.selectedGroup)) return { items: [], total: 0 };
-  if (f.appName) where.appName = routeAppName(f.appName);
+  if (f.appName) where.appName = appNameKey(f.appName);
   if (f.branch) where.branch = f.branch;
   if (f.since) where.createdAt = { $gte: parseSince(f.since) };
   const [items, total] = await em.findAndCount(Build, where, { orderBy: { createdAt: "desc", id: "asc" }, limit: f.limit, offset: f.offset });

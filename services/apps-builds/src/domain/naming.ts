@@ -2,28 +2,13 @@
  * App names and branch labels (spec doc 1 section 2.1): names are sanitised to lowercase
  * slug-like labels that can appear in hostnames.
  */
+import { HOST_LABEL_MAX, sanitizeName } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 
 export const APP_NAME_MAX = 128;
-/** A DNS label is at most 63 characters. */
-export const LABEL_MAX = 63;
+export const LABEL_MAX = HOST_LABEL_MAX;
 
-/** `My Shop_API` → `my-shop-api`. Empty when nothing usable remains. */
-export function sanitizeName(input: string): string {
-  return input
-    .normalize("NFKD")
-    .replace(/[\u0300-\u036f]/g, "")
-    .toLowerCase()
-    .replace(/[^a-z0-9]+/g, "-")
-    .replace(/^-+|-+$/g, "")
-    .slice(0, LABEL_MAX)
-    .replace(/-+$/g, "");
-}
-
-/** The app an `app_name` of a route names: read as POST /api/builds reads it (`WEB` names `web`). */
-export function routeAppName(appName: string): string {
-  return sanitizeName(appName) || appName;
-}
+export { sanitizeName };
 
 export function appNameFrom(input: string): string {
   const raw = input.trim();

@@ -9,6 +9,7 @@
  */
 import { randomUUID } from "node:crypto";
 import type { EntityManager } from "@platform/db";
+import { appNameKey } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { Action, Agent, HistoryRecord } from "../entities/index.ts";
@@ -16,7 +17,7 @@ import { APP_LANE_TYPES } from "./admission.ts";
 import { advisoryLocks } from "./advisory-locks.ts";
 import { announce } from "./events.ts";
 import { DEPLOYMENT_TYPES, isDeploymentType } from "./history.ts";
-import { appNameFilter, canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
+import { canAct, canRead, checkActionIdPrefix, findActionByPrefix } from "./lookup.ts";
 import { dispatch, type Dispatched, type PlacementPlan } from "./placement.ts";
 import { SWAP_COMMIT_PHASE } from "./point-of-no-return.ts";
 
@@ -188,7 +189,7 @@ export async function listDeployments(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: appNameFilter(q.appName) } : {}) };
+  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: appNameKey(q.appName) } : {}) };
   const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
@@ -211,7 +212,7 @@ export async function listHistory(
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: appNameFilter(q.appName) }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
+  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: appNameKey(q.appName) }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
 

@@ -9,11 +9,6 @@ import { canSeeGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action } from "../entities/index.ts";
 
-/** An `app_name` filter of the list routes: slugs are lower case, so `WEB` names the app `web`, as everywhere else. */
-export function appNameFilter(appName: string): string {
-  return appName.toLowerCase();
-}
-
 /** 422 for a short, long or wildcard-shaped id; the normalised prefix otherwise. */
 export function checkActionIdPrefix(id: string): string {
   return checkIdPrefix(id, "an action id");

@@ -7,12 +7,13 @@
  * Scoping: a tenant sees the group it acts in; an operator sees every group unless it selected
  * one (?group= or X-Platform-Group).
  */
+import { appNameKey } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
 import { Action, Agent } from "../entities/index.ts";
 import { LIVE_STATUSES } from "./lifecycle.ts";
-import { appNameFilter, dependencyStatuses } from "./lookup.ts";
+import { dependencyStatuses } from "./lookup.ts";
 import { stuckClass, type StuckClass } from "./stuck.ts";
 
 export const QUEUE_LIMIT = { min: 1, max: 500, default: 100 } as const;
@@ -67,7 +68,7 @@ export async function listQueue(em: EntityManager, caller: Caller, f: ListFilter
     if (!caller.selectedGroup || !canSeeGroup(caller, caller.selectedGroup)) return [];
     where.groupSlug = caller.selectedGroup;
   }
-  if (f.appName) where.appName = appNameFilter(f.appName);
+  if (f.appName) where.appName = appNameKey(f.appName);
   if (!f.all) where.status = { $in: [...LIVE_STATUSES] };
   const excluded = normalizeTypes(f.excludeTypes);
   if (excluded.length > 0) where.actionType = { $nin: excluded };

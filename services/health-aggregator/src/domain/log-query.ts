@@ -3,6 +3,7 @@
  * parameters (since, ids, limit, offset), the tenant scope, the source semantics, and the SQL
  * that answers them. No I/O here: `log-store.ts` runs what `logSql` builds.
  */
+import { appNameKey } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import { spansEveryGroup, type Caller } from "@platform/caller";
 import { LOG_LEVELS, LOG_SOURCES, MAX_ID_CHARS, isHexOrHyphenId, type LogLevel, type LogSource } from "@platform/logship";
@@ -80,21 +81,6 @@ export function checkLogId(field: string, value: string | undefined): string | n
     throw PlatformError.invalid(id.length > MAX_ID_CHARS ? `${field} must be at most ${MAX_ID_CHARS} characters.` : `${field} must contain only hex digits and hyphens.`);
   }
   return id.toLowerCase();
-}
-
-/**
- * An app name as stored: app names are sanitised lowercase slugs (`My Shop` is `my-shop`),
- * so a canonical name finds the same lines as the slug.
- */
-export function appNameKey(value: string): string {
-  const raw = value.trim();
-  const slug = raw
-    .normalize("NFKD")
-    .replace(/[\u0300-\u036f]/g, "")
-    .toLowerCase()
-    .replace(/[^a-z0-9]+/g, "-")
-    .replace(/^-+|-+$/g, "");
-  return slug || raw;
 }
 
 function oneOf<T extends string>(field: string, value: string | undefined, allowed: readonly T[]): T | null {
