@@ -127,6 +127,11 @@ describe("a build deployed by the agent", () => {
     const canonical = await call(api, "GET", `/deployments?app_name=${encodeURIComponent("Node Web")}`, { credential: acme });
     expect(canonical.body.items.map((d: any) => d.id)).toEqual(list.body.items.map((d: any) => d.id));
     expect((await call(api, "GET", `/deployments/history?app_name=NODE_WEB`, { credential: acme })).body.total).toBeGreaterThan(0);
+    // A branch narrows both, as on the builds list.
+    const ofMain = await call(api, "GET", `/deployments?app_name=${APP}&branch=main`, { credential: acme });
+    expect(ofMain.body.items.map((d: any) => d.id)).toEqual(list.body.items.map((d: any) => d.id));
+    expect((await call(api, "GET", `/deployments?app_name=${APP}&branch=elsewhere`, { credential: acme })).body).toEqual({ items: [], total: 0 });
+    expect((await call(api, "GET", `/deployments/history?app_name=${APP}&branch=elsewhere`, { credential: acme })).body).toEqual({ items: [], total: 0 });
     // Operator-only fields are present and null for a tenant; an operator sees them.
     expect(first.deploy).toMatchObject({ placement_plan: null, instance_status: null, leader_instance: null, infrastructure: null, previous_tag: null });
     const asRoot = await call(api, "GET", `/deployments/${id}`, { credential: fleet.rootKey });

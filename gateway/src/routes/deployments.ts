@@ -57,7 +57,7 @@ const deploymentProperties = {
       "in_progress (the swap is committed, the route moves); running (the new release serves while the old colour drains); " +
       "completed, failed or cancelled once finished. An undeploy is undeploying from its acceptance (queued) until it finishes.",
   },
-  phase: { ...nullable, description: "The agent's phase: setup, start, health_check, ready, swap_committed, drain." },
+  phase: { ...nullable, description: "The agent's phase of a DEPLOY or RETRY: setup, start, health_check, ready, swap_committed, drain. An UNDEPLOY is one step and reports none (null)." },
   previous_tag: { ...nullable, description: "The tag that served when the deployment was queued." },
   action_type: { type: "string", enum: ["DEPLOY", "RETRY", "UNDEPLOY"] },
   error_message: nullable,
@@ -190,6 +190,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
     },
   );
 
+  const branchFilter = { type: "string", description: "Only this branch's; omitted, every branch (as on GET /api/builds)." } as const;
   app.get(
     "/api/deployments",
     {
@@ -197,7 +198,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       schema: {
         tags: ["deployments"],
         summary: "Deployments (DEPLOY, RETRY, UNDEPLOY) of the group you act in, newest first.",
-        querystring: { type: "object", properties: { ...commonQuery, app_name: { type: "string" }, ...page } },
+        querystring: { type: "object", properties: { ...commonQuery, app_name: { type: "string" }, branch: branchFilter, ...page } },
         response: {
           200: { type: "object", properties: { items: { type: "array", items: deploymentSchema }, total: { type: "integer" } }, required: ["items", "total"] },
           ...authErrors,
@@ -205,8 +206,8 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       },
     },
     async (request) => {
-      const q = request.query as { app_name?: string; limit: number; offset: number };
-      const r = await queue.listDeployments({ caller: callerOf(request), appName: q.app_name ?? "", limit: q.limit, offset: q.offset });
+      const q = request.query as { app_name?: string; branch?: string; limit: number; offset: number };
+      const r = await queue.listDeployments({ caller: callerOf(request), appName: q.app_name ?? "", branch: q.branch ?? "", limit: q.limit, offset: q.offset });
       return { items: r.items.map(deploymentJson), total: r.total };
     },
   );
@@ -218,7 +219,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       schema: {
         tags: ["deployments"],
         summary: "The immutable history of an app's finished deployments, newest first.",
-        querystring: { type: "object", properties: { ...commonQuery, app_name: { type: "string", minLength: 1 }, ...page }, required: ["app_name"] },
+        querystring: { type: "object", properties: { ...commonQuery, app_name: { type: "string", minLength: 1 }, branch: branchFilter, ...page }, required: ["app_name"] },
         response: {
           200: {
             type: "object",
@@ -230,8 +231,8 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
       },
     },
     async (request) => {
-      const q = request.query as { app_name: string; limit: number; offset: number };
-      const r = await queue.listHistory({ caller: callerOf(request), appName: q.app_name, limit: q.limit, offset: q.offset });
+      const q = request.query as { app_name: string; branch?: string; limit: number; offset: number };
+      const r = await queue.listHistory({ caller: callerOf(request), appName: q.app_name, branch: q.branch ?? "", limit: q.limit, offset: q.offset });
       return {
         items: r.items.map((h) => ({
           id: h.id,
@@ -278,7 +279,7 @@ export function deploymentRoutes(app: FastifyInstance, queue: Client<typeof Depl
         tags: ["deployments"],
         summary: "Per-phase output of a deployment plus its error message.",
         description:
-          "`phases` in order (setup, start, health_check, ready, swap_committed, drain); `crash_output` maps a service to the last lines it wrote when it died during the health checks. " +
+          "`phases` in order (setup, start, health_check, ready, swap_committed, drain; an UNDEPLOY's one phase is `undeploy`); `crash_output` maps a service to the last lines it wrote when it died during the health checks. " +
           `While the deployment is in flight, and when it ended without its agent's report (the agent stopped answering and the queue failed it), ` +
           `the phases are read from the lines its agent has shipped (the last ${LIVE_TAIL_LIMIT}). 404 unknown; 422 malformed id.`,
         params: idParams,

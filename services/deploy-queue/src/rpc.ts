@@ -269,7 +269,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async listDeployments(req) {
         const caller = requireCaller(req.caller);
-        const page = await ctx.read((em) => listDeployments(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset }));
+        const page = await ctx.read((em) => listDeployments(em, caller, { appName: req.appName, branch: req.branch, limit: req.limit, offset: req.offset }));
         return { items: page.items.map((a) => deploymentMsg(a, caller)), total: page.total };
       },
 
@@ -293,7 +293,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
 
       async listHistory(req) {
         const caller = requireCaller(req.caller);
-        const page = await ctx.read((em) => listHistory(em, caller, { appName: req.appName, limit: req.limit, offset: req.offset }));
+        const page = await ctx.read((em) => listHistory(em, caller, { appName: req.appName, branch: req.branch, limit: req.limit, offset: req.offset }));
         return {
           items: page.items.map((h) => ({
             id: h.id,

@@ -181,15 +181,21 @@ export interface Page<T> {
   total: number;
 }
 
+/** A list's branch filter, as GET /api/builds has it: omitted (or empty), every branch. */
+function branchFilter(branch: string | undefined): { branch?: string } {
+  const b = branch?.trim();
+  return b ? { branch: b } : {};
+}
+
 export async function listDeployments(
   em: EntityManager,
   caller: Caller,
-  q: { appName: string; limit?: number; offset?: number },
+  q: { appName: string; branch?: string; limit?: number; offset?: number },
 ): Promise<Page<Action>> {
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: appNameKey(q.appName) } : {}) };
+  const where = { ...scope, actionType: { $in: [...DEPLOYMENT_TYPES] }, ...(q.appName ? { appName: appNameKey(q.appName) } : {}), ...branchFilter(q.branch) };
   const [items, total] = await em.findAndCount(Action, where, { orderBy: { createdAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
@@ -206,13 +212,14 @@ export async function getDeployment(em: EntityManager, caller: Caller, id: strin
 export async function listHistory(
   em: EntityManager,
   caller: Caller,
-  q: { appName: string; limit?: number; offset?: number },
+  q: { appName: string; branch?: string; limit?: number; offset?: number },
 ): Promise<Page<HistoryRecord>> {
   if (!q.appName) throw PlatformError.invalid("app_name is required.");
   const { limit, offset } = resolvePage(q.limit, q.offset);
   const scope = groupFilter(caller);
   if (!scope) return { items: [], total: 0 };
-  const [items, total] = await em.findAndCount(HistoryRecord, { ...scope, appName: appNameKey(q.appName) }, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
+  const where = { ...scope, appName: appNameKey(q.appName), ...branchFilter(q.branch) };
+  const [items, total] = await em.findAndCount(HistoryRecord, where, { orderBy: { completedAt: "desc", id: "desc" }, limit, offset });
   return { items, total };
 }
 
