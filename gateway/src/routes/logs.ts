@@ -159,7 +159,7 @@ export function logRoutes(
               type: "string",
               default: "1h",
               description:
-                "Relative window: 30s, 30m, 1h, 24h, 7d, 2w. A longer window than 365d is read as 365d. Lines are kept LOG_RETENTION_DAYS " +
+                "Relative window: 30s, 30m, 1h, 24h, 7d, 2w (a number of at most 9 digits and a unit). A longer window than 365d is read as 365d. Lines are kept LOG_RETENTION_DAYS " +
                 "(30 by default): a wider window finds nothing older. A build's own log stays on the build (GET /api/builds/id/{build_id}/logs).",
             },
             limit: { type: "integer", minimum: 1, maximum: 1000, default: 100 },
