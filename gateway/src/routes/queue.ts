@@ -306,7 +306,7 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
         summary: "Cancel a queued or in-flight action. Always 200: branch on `status`.",
         description:
           "`cancelled` (was queued; its dependents too, listed in `dependents_cancelled`), `cancel_requested` (in flight: the agent stops between phases), " +
-          "`refused_past_point_of_no_return` (a deploy past its swap commit rolls forward; an undeploy, service action or route reconcile in flight is one step and finishes), `not_found`, `not_cancellable` (already terminal, or a GIT_PREFLIGHT, which an agent is asked at once). " +
+          "`refused_past_point_of_no_return` (a deploy past its swap commit rolls forward; a build whose commands have run and which is packaging its image completes; an undeploy, service action or route reconcile in flight is one step and finishes), `not_found`, `not_cancellable` (already terminal, or a GIT_PREFLIGHT, which an agent is asked at once). " +
           "Cancelling a build cascades to its dependent deploy. A build cancelled by its full id right after the 202 of `POST /api/builds`, before the queue shows it, " +
           "is cancelled all the same (with its deploy).",
         params: {

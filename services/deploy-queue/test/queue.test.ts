@@ -482,6 +482,25 @@ describe("cancel", () => {
     expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "not_cancellable", cancelled: true, cancelRequested: true });
   });
 
+  it("refuses a build's cancel once it packages its image, and leaves its deploy queued", async () => {
+    const { buildId, deployId } = await queueBuild();
+    await claim(buildId, "h-pack");
+    await client.reportProgress({ actionId: buildId, hostId: "h-pack", phase: "build:web" });
+    await client.reportProgress({ actionId: buildId, hostId: "h-pack", phase: "package" });
+    expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "refused_past_point_of_no_return", cancelRequested: false, dependentsCancelled: [] });
+    expect(await row(deployId)).toMatchObject({ status: "queued" });
+    await client.completeAction({ actionId: buildId, hostId: "h-pack", status: "completed" });
+    expect(await row(buildId)).toMatchObject({ status: "completed", errorMessage: null });
+  });
+
+  it("cancels a build that asked to package after the cancel came: the agent stops before it", async () => {
+    const { buildId } = await queueBuild();
+    await claim(buildId, "h-pack2");
+    await client.reportProgress({ actionId: buildId, hostId: "h-pack2", phase: "build:web" });
+    expect(await client.cancelAction({ caller: acme, actionId: buildId })).toMatchObject({ status: "cancel_requested" });
+    expect(await client.reportProgress({ actionId: buildId, hostId: "h-pack2", phase: "package" })).toMatchObject({ cancelRequested: true });
+  });
+
   it("refuses past the point of no return", async () => {
     const { buildId, deployId } = await queueBuild();
     await claim(buildId, "h-swap");

@@ -2,7 +2,7 @@
  * The point of no return (spec doc 1 section 3.2): a DEPLOY past its blue/green swap commit (the
  * router flip, ARCHITECTURE section 5) can no longer be cancelled; it rolls forward to completed
  * and a cancel answers `refused_past_point_of_no_return`. So does one of a single-step action in
- * flight (see PHASED_TYPES).
+ * flight (see PHASED_TYPES), and a BUILD packaging its image (BUILD_PACKAGE_PHASE).
  *
  * The agent marks the moment by reporting the phase SWAP_COMMIT_PHASE through ReportProgress;
  * the queue stores it as `swap_committed_at`, and `isPastPointOfNoReturn` is what cancel asks.
@@ -26,8 +26,16 @@ export function marksSwapCommit(phase: string): boolean {
   return phase === SWAP_COMMIT_PHASE;
 }
 
-export function isPastPointOfNoReturn(action: { actionType: string; status: string; swapCommittedAt?: Date | null }): boolean {
+/**
+ * The last phase of a BUILD: its commands have run, and it stores and publishes the image. A
+ * cancel asked from then on would be heard only once the build had completed (and its deploy
+ * been cancelled for a build that did not stop), so it is refused and the build completes.
+ */
+export const BUILD_PACKAGE_PHASE = "package";
+
+export function isPastPointOfNoReturn(action: { actionType: string; status: string; swapCommittedAt?: Date | null; phase?: string | null }): boolean {
   if (action.status !== "in_progress") return false;
   if (!PHASED_TYPES.has(action.actionType)) return true;
-  return SWAPPING_TYPES.has(action.actionType) && !!action.swapCommittedAt;
+  if (action.actionType === "BUILD") return action.phase === BUILD_PACKAGE_PHASE;
+  return !!action.swapCommittedAt;
 }
