@@ -126,8 +126,17 @@ export function buildRoutes(
           },
           ...authErrors,
           ...bodyErrors,
+          422: {
+            $ref: "Error#",
+            description:
+              "Validation failed; for an app this build registers, every 422 of POST /api/apps (`repository_host_unsupported`, `label_too_long`, a config_path or repository too long); " +
+              "and for a platform operator who names no group (?group=), an app registered nowhere yet: the group to register it in must be named. " +
+              "An operator who names none builds a registered app in the group that has it.",
+          },
           ...groupLockErrors(
-            "`preflight_quarantined` (with remediation text; with `registered: true` when this request registered the app, which stays registered while its repository check runs) or `repository_mismatch`",
+            "`preflight_quarantined` (with remediation text; with `registered: true` when this request registered the app, which stays registered while its repository check runs), " +
+              "`repository_mismatch`, `config_path_mismatch`; for an app this build registers, every 409 of POST /api/apps (`repository_already_registered`, `branch_collides`, `host_label_taken`); " +
+              "`app_in_several_groups` for an operator who names no group",
           ),
         },
       },

@@ -2,10 +2,10 @@
 import { create } from "@bufbuild/protobuf";
 import { allowFileRepos } from "@platform/config";
 import { BuildSchema, type Build as BuildMsg } from "@platform/proto";
-import { requireCaller } from "@platform/caller";
+import { requireCaller, spansEveryGroup } from "@platform/caller";
 import type { Build } from "./entities/index.ts";
 import { sqlPool } from "@platform/db";
-import { buildDuration, buildNotFound, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild, triggerBuildOfRegisteredApp } from "./domain/builds.ts";
+import { buildDuration, buildNotFound, callerForBuild, findBuildByPrefix, findBuildByTag, listBuilds, triggerBuild, triggerBuildOfRegisteredApp } from "./domain/builds.ts";
 import type { AppsBuildsContext, Handlers } from "./rpc.ts";
 
 const iso = (d: Date | null | undefined) => (d ? d.toISOString() : undefined);
@@ -44,7 +44,8 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
   const db = sqlPool(ctx.orm);
   return {
     async triggerBuild(req) {
-      const caller = requireCaller(req.caller);
+      const given = requireCaller(req.caller);
+      const caller = spansEveryGroup(given) ? await ctx.read((em) => callerForBuild(em, given, req.appName)) : given;
       const input = {
         appName: req.appName,
         repository: req.repository,

@@ -228,6 +228,16 @@ describe("POST /api/builds input", () => {
     expect(await refusal(client.getBuildByTag({ caller: operator("beta"), appName: "shop", tag: r.tag }))).toMatchObject({ status: 404 });
   });
 
+  it("lets an operator who names no group build a registered app in the group that has it; a new app needs ?group=", async () => {
+    await preflight("ready");
+    const operator = makeCaller({ kind: "api_key", principalId: "k-op", scope: "admin", platformOperator: true, platformRoot: true });
+    const r = await client.triggerBuild({ caller: operator, appName: "shop", repository: REPOSITORY, branch: "main", autoDeploy: false, configPath: "", skipPreflight: false });
+    expect(r).toMatchObject({ status: "queued", registered: false, appName: "shop" });
+    expect((await client.getBuild({ caller: acme, buildId: r.buildId })).groupSlug).toBe("acme");
+    const fresh = refusal(client.triggerBuild({ caller: operator, appName: "brand-new", repository: "https://example.com/acme/brand-new.git", branch: "main", autoDeploy: false, configPath: "", skipPreflight: true }));
+    expect(await fresh).toMatchObject({ status: 422 });
+  });
+
   it("builds a registered app whatever spaces surround its branch", async () => {
     await preflight("ready");
     const r = await client.triggerBuild({ caller: acme, appName: "shop", repository: REPOSITORY, branch: " main ", autoDeploy: false, configPath: "", skipPreflight: false });

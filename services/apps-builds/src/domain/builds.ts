@@ -8,7 +8,7 @@ import { LockMode } from "@mikro-orm/core";
 import { Coalescer, enqueueEvent, outboxEvent, type EntityManager, type OutboxRow, type Settled, type SqlPool } from "@platform/db";
 import { appNameKey, subjects, type BuildRequested } from "@platform/bus";
 import { shownRepository } from "@platform/app-config";
-import { actorOf, canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
+import { actorOf, canSeeGroup, inGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { appNameFrom } from "./naming.ts";
 import { normalizeRepository, type RepositoryPolicy } from "./repository.ts";
@@ -46,6 +46,25 @@ export interface AcceptedBuild {
 }
 
 /** Where the build goes: the caller's group, the branch (default main). */
+/**
+ * The caller a build acts as. An operator who selected no group builds a registered app in the
+ * group that has it (app names are unique across the platform, as other routes find them); a new
+ * app still needs the group named (?group=), where buildTarget asks for it.
+ */
+export async function callerForBuild(em: EntityManager, caller: Caller, appName: string): Promise<Caller> {
+  if (!spansEveryGroup(caller)) return caller;
+  const rows = await em.find(App, { appName: appNameKey(appName) }, { fields: ["groupSlug"] });
+  const groups = [...new Set(rows.map((a) => a.groupSlug))].sort();
+  if (groups.length > 1) {
+    throw PlatformError.conflict({
+      code: "app_in_several_groups",
+      message: `App '${appNameKey(appName)}' is registered in groups ${groups.map((g) => `'${g}'`).join(", ")}; name one with ?group=.`,
+      groups,
+    });
+  }
+  return groups.length === 1 ? inGroup(caller, groups[0]!) : caller;
+}
+
 function buildTarget(caller: Caller, input: TriggerInput): { group: string; branch: string; baseName: string } {
   const group = caller.selectedGroup;
   if (!group || !canSeeGroup(caller, group)) throw PlatformError.invalid("Select the group to build in (?group=).");

@@ -10,10 +10,10 @@ export interface RepositoryPolicy {
   allowFileRepos: boolean;
 }
 
-function unsupported(repository: string): PlatformError {
+function unsupported(repository: string, policy?: RepositoryPolicy): PlatformError {
   return PlatformError.invalid({
     code: "repository_host_unsupported",
-    message: `Repository host unsupported: '${repository}'. Use an https://, http://, ssh:// or git@host:path URL.`,
+    message: `Repository host unsupported: '${repository}'. Use an https://, http://, ssh://${policy?.allowFileRepos ? ", file://" : ""} or git@host:path URL.`,
   });
 }
 
@@ -22,7 +22,7 @@ export function checkRepository(repository: string, policy: RepositoryPolicy): v
   if (repository.trim().length > MAX_REPOSITORY_LENGTH) {
     throw PlatformError.invalid({ code: "out_of_range", message: `repository must be at most ${MAX_REPOSITORY_LENGTH} characters.` });
   }
-  if (!checkRepositoryUrl(repository.trim(), policy.allowFileRepos).ok) throw unsupported(repository);
+  if (!checkRepositoryUrl(repository.trim(), policy.allowFileRepos).ok) throw unsupported(repository, policy);
 }
 
 /**
