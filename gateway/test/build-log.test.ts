@@ -72,6 +72,14 @@ describe("build log", () => {
       lines: 2,
       source: "queue",
     });
+    // Phases in the order they ran, whatever order the stored JSON keeps them in.
+    const ran = create(ActionSchema, {
+      actionId: "a3",
+      appName: "web",
+      status: "cancelled",
+      resultJson: JSON.stringify({ phases: { clone: "c", config: "f", package: "p", "build:web": "b" } }),
+    });
+    expect(fromQueue(ran).log).toBe("== clone\nc\n== config\nf\n== build:web\nb\n== package\np");
     const waiting = create(ActionSchema, { actionId: "a2", appName: "web", status: "queued" });
     expect(fromQueue(waiting).message).toContain("/api/deployments/queue/a2/diagnose");
   });

@@ -96,6 +96,14 @@ export function fromBuild(build: Build, tail: { rows: LogRow[]; more: boolean } 
   };
 }
 
+/** A BUILD's phases run clone, config, build:<service> (one per service), package. */
+function phaseRank(phase: string): number {
+  if (phase === "clone") return 0;
+  if (phase === "config") return 1;
+  if (phase === "package") return 3;
+  return 2;
+}
+
 /** No builds row (the build failed before its record existed): synthesised from the queue action. */
 export function fromQueue(action: Action): BuildLogResponse {
   let phases: Record<string, string> = {};
@@ -105,7 +113,9 @@ export function fromQueue(action: Action): BuildLogResponse {
   } catch {
     phases = {};
   }
+  // In the order the agent ran them: the stored JSON keeps its keys in an order of its own.
   const log = Object.entries(phases)
+    .sort(([a], [b]) => phaseRank(a) - phaseRank(b))
     .map(([phase, output]) => `== ${phase}\n${output}`)
     .join("\n");
   const message =
