@@ -211,6 +211,17 @@ describe.each(["auto", "off"] as const)("ProcessDriver with sandbox %s", (mode) 
     expect(exited).toHaveLength(1);
   });
 
+  it("reports a command that dies leaving children behind at once, and stops them with it", async () => {
+    const driver = newDriver({ sandbox: mode });
+    const exited = exits(driver);
+    // The command's child would sleep for minutes: the replica is over when the command is.
+    const spec = makeSpec(`sleep 300 & echo "child $!"; sleep 0.3; exit 5`);
+    const state = await driver.start(spec);
+    const ended = await until(() => exited[0], "the exit", 10_000);
+    expect(ended.exit).toMatchObject({ code: 5, oomKilled: false });
+    expect(groupGone(Number(state.handle))).toBe(true);
+  });
+
   it("sees the exit of a command that ends at once, while its start is still being recorded", async () => {
     const driver = newDriver({ sandbox: mode });
     const exited = exits(driver);

@@ -611,22 +611,32 @@ export class ProcessDriver implements RuntimeDriver {
   }
 
   /** True once the replica's leader has exited and no process of its group is left. */
-  async #gone(replica: Replica): Promise<boolean> {
+  /** The replica's command has ended (under bubblewrap, the outer bwrap exits with it). */
+  async #leaderGone(replica: Replica): Promise<boolean> {
+    if (replica.child) return replica.leaderDone;
     const { pid, procStart } = replica.record;
-    if (replica.child) {
-      if (!replica.leaderDone) return false;
-    } else {
-      const s = await procStat(pid);
-      if (isLive(s) && s.start === procStart) return false;
-    }
+    const s = await procStat(pid);
+    return !(isLive(s) && s.start === procStart);
+  }
+
+  async #gone(replica: Replica): Promise<boolean> {
+    if (!(await this.#leaderGone(replica))) return false;
     // Under bubblewrap the leader dies of SIGTERM at once while the command may still be shutting down.
-    return !(await groupAlive(pid));
+    return !(await groupAlive(replica.record.pid));
   }
 
   async #checkExit(replica: Replica): Promise<void> {
     if (this.#closed || !replica.running || replica.finishing || replica.stopping) return;
     try {
-      if (await this.#gone(replica)) await this.#finish(replica);
+      if (!(await this.#leaderGone(replica))) return;
+      // The command ended on its own, leaving processes it forked in the replica's group: they go
+      // with it. Waited for, they kept a dead replica reported running (and unrestarted, its
+      // requests failing) until they ended on their own, minutes later.
+      if (await groupAlive(replica.record.pid)) {
+        signalGroup(replica.record.pid, "SIGKILL");
+        await waitFor(() => this.#gone(replica), KILL_WAIT_MS);
+      }
+      await this.#finish(replica);
     } catch (err) {
       this.#logger?.warn({ replica: replica.record.spec.id, err: errorText(err) }, "checking a replica's exit failed");
     }
