@@ -112,7 +112,7 @@ async function wholeId(given: string | undefined, what: string, resolve: (prefix
   const prefix = checkIdPrefix(id, what);
   if (prefix.length === FULL_ID_LENGTH) return prefix;
   return resolve(prefix).catch((err: unknown) => {
-    if (err instanceof ConnectError && err.code === Code.NotFound) return prefix;
+    if (platformErrorOf(err)?.status === 404) return prefix;
     throw err;
   });
 }

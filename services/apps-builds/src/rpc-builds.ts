@@ -45,6 +45,7 @@ export function buildHandlers(ctx: AppsBuildsContext): Handlers {
   return {
     async triggerBuild(req) {
       const given = requireCaller(req.caller);
+      // Only an operator who named no group needs the look-up; a tenant's build skips it (the hot path).
       const caller = spansEveryGroup(given) ? await ctx.read((em) => callerForBuild(em, given, req.appName)) : given;
       const input = {
         appName: req.appName,

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { appNameFrom, branchLabel, checkBranch, sanitizeName, withSuffix } from "../src/domain/naming.ts";
+import { sanitizeName } from "@platform/bus";
+import { appNameFrom, branchLabel, checkBranch, withSuffix } from "../src/domain/naming.ts";
 import { checkRepository, normalizeRepository } from "../src/domain/repository.ts";
 import { checkConfigPath } from "../src/domain/registration.ts";
 

@@ -325,7 +325,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
         }
         const app = await apps.getApp({ caller, appName: req.appName, branch });
         const target = { groupSlug: app.groupSlug, appName: app.appName, branch: app.branch };
-        let result: { actions: Action[]; services: string[]; skippedStatic: string[]; skippedNotDeployed?: string[] };
+        let result: { actions: Action[]; services: string[]; skippedStatic: string[]; skippedNotDeployed: string[] };
         switch (type) {
           case "UNDEPLOY":
           case "RECONCILE_ROUTING": {
@@ -351,7 +351,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
               if (type === "UNDEPLOY" && req.purge) await cancelBuildsOfPurgedBranch(em, target, queued.id, now);
               return queued;
             });
-            result = { actions: [action], services: [], skippedStatic: [] };
+            result = { actions: [action], services: [], skippedStatic: [], skippedNotDeployed: [] };
             break;
           }
           case "RETRY": {
@@ -372,7 +372,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
                 dispatched,
               );
             });
-            result = { actions: [action], services: [], skippedStatic: [] };
+            result = { actions: [action], services: [], skippedStatic: [], skippedNotDeployed: [] };
             break;
           }
           case "SERVICE_ACTION": {
@@ -411,7 +411,7 @@ export function routes(ctx: ServiceContext, apps: Client<typeof AppsBuildsServic
           imageTag: result.actions[0]?.imageTag ?? undefined,
           services: result.services,
           skippedStatic: result.skippedStatic,
-          skippedNotDeployed: result.skippedNotDeployed ?? [],
+          skippedNotDeployed: result.skippedNotDeployed,
         };
       },
 

@@ -8,7 +8,6 @@ import { canSeeGroup, spansEveryGroup, type Caller } from "@platform/caller";
 import { App, Build } from "../entities/index.ts";
 import { announceBuildsDeleted } from "./purge.ts";
 
-
 export function appNotFound(appName: string, branch?: string): PlatformError {
   return PlatformError.notFound(branch ? `App '${appName}' has no branch '${branch}'` : `App '${appName}' not found`);
 }

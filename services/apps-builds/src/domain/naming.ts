@@ -6,9 +6,6 @@ import { HOST_LABEL_MAX, sanitizeName } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 
 export const APP_NAME_MAX = 128;
-export const LABEL_MAX = HOST_LABEL_MAX;
-
-export { sanitizeName };
 
 export function appNameFrom(input: string): string {
   const raw = input.trim();
@@ -62,7 +59,7 @@ export function validBranchLabel(branch: string): string | undefined {
  * up to seven digits) are candidates too.
  */
 export function suffixPatterns(base: string): string[] {
-  const stem = base.slice(0, LABEL_MAX - 8);
+  const stem = base.slice(0, HOST_LABEL_MAX - 8);
   return stem.length < base.length ? [`${base}-%`, `${stem}%`] : [`${base}-%`];
 }
 
@@ -79,7 +76,7 @@ export function withSuffix(base: string, taken: ReadonlySet<string>): string {
   if (!taken.has(base) && !RESERVED_APP_NAMES.has(base)) return base;
   for (let n = 2; ; n++) {
     const suffix = `-${n}`;
-    const candidate = `${base.slice(0, LABEL_MAX - suffix.length)}${suffix}`;
+    const candidate = `${base.slice(0, HOST_LABEL_MAX - suffix.length)}${suffix}`;
     if (!taken.has(candidate)) return candidate;
   }
 }
@@ -91,11 +88,11 @@ export function withSuffix(base: string, taken: ReadonlySet<string>): string {
  */
 export function checkBranchHostLabel(appName: string, label: string, remedy = "Use a shorter branch name."): void {
   const host = `${appName}-${label}`;
-  if (host.length <= LABEL_MAX) return;
+  if (host.length <= HOST_LABEL_MAX) return;
   throw PlatformError.invalid({
     code: "label_too_long",
-    message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${LABEL_MAX}. ${remedy}`,
-    max: LABEL_MAX,
+    message: `Branch label '${label}' makes the host label '${host}' ${host.length} characters long; a host label holds at most ${HOST_LABEL_MAX}. ${remedy}`,
+    max: HOST_LABEL_MAX,
   });
 }
 
