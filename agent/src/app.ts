@@ -101,6 +101,7 @@ export async function build(config: AgentConfig = loadConfig(agentEnv), logger: 
     tenants,
     replicaPortRange,
     healthTimeoutMs: config.AGENT_HEALTH_CHECK_TIMEOUT_S * 1000,
+    replicaLogLinesPerMinute: config.AGENT_REPLICA_LOG_LINES_PER_MINUTE,
     apps: createServiceClient(AppsBuildsService, config.APPS_BUILDS_URL, { timeoutMs: 15_000, token: config.PLATFORM_INTERNAL_TOKEN }),
     bus,
     logger,

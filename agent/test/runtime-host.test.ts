@@ -17,6 +17,7 @@ import { deleteBusStreams, freePorts, startCaddy, testNatsUrl, uniquePrefix, typ
 import { HostState, routeOf, type DeployedApp } from "../src/host-state.ts";
 import { CaddyRouter, NO_REPLICA_BODY, routeId } from "../src/router.ts";
 import { startRuntimeHost, type RuntimeHostOptions } from "../src/runtime-host.ts";
+import type { LogLineInput } from "@platform/logship";
 import { ProcessDriver } from "../src/runtime/process.ts";
 import type { ReplicaSpec } from "../src/runtime/types.ts";
 
@@ -59,6 +60,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     tenants: { name: "tenants", memoryMb: 0, pidsMax: 0 },
     replicaPortRange: REPLICA_PORTS,
     healthTimeoutMs: 10_000,
+    replicaLogLinesPerMinute: 6000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),
     bus,
     logger,
@@ -242,6 +244,72 @@ it("moves a crashed replica to another port of the replica range at once, and ag
     await new Promise((r) => squatter.close(r));
     await host.close();
     // Replicas outlive the agent: this test's goes with it.
+    const cleaner = new ProcessDriver({ runDir });
+    for (const r of await cleaner.adopt()) {
+      await cleaner.stop(r.spec.id, 500);
+      await cleaner.remove(r.spec.id);
+    }
+    await cleaner.close();
+  }
+});
+
+it("ships a replica's output up to its log rate limit, and says in the replica's stream how many lines it dropped", async () => {
+  const release = path.join(dir, "release-flood");
+  await mkdir(release, { recursive: true });
+  // 20 000 lines at once, then it stays up, quiet.
+  await writeFile(
+    path.join(release, "flood.js"),
+    `let out = ""; for (let i = 0; i < 20000; i++) out += "line " + i + "\\n"; process.stdout.write(out); setInterval(() => {}, 60000);`,
+  );
+  const spec: ReplicaSpec = {
+    id: `g.flood.main.worker.blue.0.main-1.${uniquePrefix("d")}`,
+    group: "g",
+    app: "flood",
+    branch: "main",
+    service: "worker",
+    colour: "blue",
+    index: 0,
+    tag: "main-1",
+    deploymentId: "d-3",
+    releaseDir: release,
+    command: `${process.execPath} flood.js`,
+    env: {},
+    port: null,
+    memoryMb: null,
+  };
+  const runDir = path.join(dir, "run-flood");
+  const record = new HostState(runDir);
+  await record.load();
+  await record.setApp({
+    key: "g/flood/main",
+    group: "g",
+    app: "flood",
+    branch: "main",
+    tag: "main-1",
+    colour: "blue",
+    deploymentId: "d-3",
+    hosts: [],
+    releaseDir: release,
+    services: { worker: { mount: null, health: null, background: true, stopped: false, replicas: [spec] } },
+    since: new Date().toISOString(),
+  });
+  const shipped: LogLineInput[] = [];
+  const host = await startRuntimeHost({ ...hostOptions(runDir), replicaLogLinesPerMinute: 600, ship: (line) => void shipped.push(line) });
+  try {
+    const output = () => shipped.filter((l) => l.source === "container" && l.metadata?.replica === spec.id);
+    const notices = () => output().filter((l) => l.metadata?.event === "log_rate_limited");
+    const dropped = () => notices().reduce((n, l) => n + Number(l.metadata?.dropped_lines), 0);
+    await expect.poll(() => output().length - notices().length + dropped(), { timeout: 15_000 }).toBe(20_000);
+    const lines = output().filter((l) => l.metadata?.event === undefined);
+    // A minute's worth at once, and a few more as the allowance refills.
+    expect(lines.length).toBeGreaterThanOrEqual(600);
+    expect(lines.length).toBeLessThan(700);
+    expect(lines.slice(0, 600).map((l) => l.message)).toEqual(Array.from({ length: 600 }, (_, i) => `line ${i}`));
+    const [notice] = notices();
+    expect(notice).toMatchObject({ level: "warning", app_name: "flood", service_name: "worker", deployment_id: "d-3" });
+    expect(notice!.message).toMatch(/^\[\d+ line\(s\) of this replica's output dropped since \S+: a replica may log 600 lines a minute\]$/);
+  } finally {
+    await host.close();
     const cleaner = new ProcessDriver({ runDir });
     for (const r of await cleaner.adopt()) {
       await cleaner.stop(r.spec.id, 500);

@@ -1,0 +1,81 @@
+/**
+ * The log rate limit: how much of its output one replica may ship. A replica printing without
+ * end (a loop logging each turn, a storm of stack traces) would otherwise store millions of
+ * lines in minutes, and every log search of its group would wade through them until retention
+ * took them away. Each replica has an allowance of `perMinute` lines: a minute's worth at once
+ * (a start-up dump, a stack trace), refilled evenly. Past it, its lines are dropped and counted,
+ * and a notice in its own stream says how many, at most once per `noticeEveryMs`.
+ */
+
+/** A notice due: `dropped` lines of the replica whose last dropped line came with `context`. */
+export interface DroppedNotice<T> {
+  replica: string;
+  dropped: number;
+  /** When the first of them was dropped. */
+  since: Date;
+  context: T;
+}
+
+interface Allowance<T> {
+  tokens: number;
+  at: number;
+  dropped: number;
+  since: number;
+  context: T | null;
+}
+
+export class LogRateLimit<T> {
+  readonly #perMinute: number;
+  readonly #perMs: number;
+  readonly #now: () => number;
+  readonly #replicas = new Map<string, Allowance<T>>();
+
+  /** `perMinute` 0: no limit. */
+  constructor(opts: { perMinute: number; now?: () => number }) {
+    this.#perMinute = opts.perMinute;
+    this.#perMs = opts.perMinute / 60_000;
+    this.#now = opts.now ?? Date.now;
+  }
+
+  /** True when the replica's line may be shipped; false when it is dropped (and counted, with `context` for its notice). */
+  admit(replica: string, context: T): boolean {
+    if (this.#perMinute <= 0) return true;
+    const now = this.#now();
+    let a = this.#replicas.get(replica);
+    if (!a) this.#replicas.set(replica, (a = { tokens: this.#perMinute, at: now, dropped: 0, since: 0, context: null }));
+    this.#refill(a, now);
+    if (a.tokens >= 1) {
+      a.tokens -= 1;
+      return true;
+    }
+    if (a.dropped === 0) a.since = now;
+    a.dropped++;
+    a.context = context;
+    return false;
+  }
+
+  /**
+   * What was dropped since the last call, per replica, and forgets replicas whose allowance is
+   * whole again (a replica gone, or quiet for a minute).
+   */
+  notices(): DroppedNotice<T>[] {
+    const now = this.#now();
+    const due: DroppedNotice<T>[] = [];
+    for (const [replica, a] of this.#replicas) {
+      if (a.dropped > 0 && a.context !== null) {
+        due.push({ replica, dropped: a.dropped, since: new Date(a.since), context: a.context });
+        a.dropped = 0;
+        a.context = null;
+        continue;
+      }
+      this.#refill(a, now);
+      if (a.tokens >= this.#perMinute) this.#replicas.delete(replica);
+    }
+    return due;
+  }
+
+  #refill(a: Allowance<T>, now: number): void {
+    a.tokens = Math.min(this.#perMinute, a.tokens + (now - a.at) * this.#perMs);
+    a.at = now;
+  }
+}
