@@ -16,6 +16,7 @@ import { pairSafeEnd } from "@platform/bus";
 import type { AppOfLine } from "@platform/logship";
 import { checkConfigPath, gitEnv, gitFailureDetail, gitProtocolConfig, runGit } from "./preflight.ts";
 import { errorText } from "./error-text.ts";
+import { DROPPED_NOTICE_MS, LogRateLimit } from "./log-rate-limit.ts";
 import { DEFAULT_PATH, endedWith, runQuietly } from "./quiet-command.ts";
 import type { OwnNetwork, Sandbox } from "./sandbox.ts";
 import { createCpuCgroup, createMemoryCgroup, createPidsCgroup, inCgroups, oomKillCount, pidsLimitHits, removeCgroup, type CgroupParent } from "./cgroups.ts";
@@ -98,6 +99,12 @@ export interface BuildDeps {
    * Unbounded when absent or 0.
    */
   imageMaxMb?: number;
+  /**
+   * Lines of a build command's output the build may ship to the log store a minute
+   * (AGENT_LOG_LINES_PER_MINUTE, log-rate-limit.ts); the build's own log keeps its first and
+   * last output whatever the rate. No limit when absent or 0.
+   */
+  logLinesPerMinute?: number;
 }
 
 export interface BuildOutcome {
@@ -374,8 +381,9 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
   let omitted = { lines: 0, bytes: 0 };
   const phases: Record<string, string[]> = {};
   let current = "setup";
-  const emit = (level: LogLevel, message: string, service?: string) => {
-    deps.log({ level, message, service_name: service, phase: current });
+  /** `ship` false: the line goes into the build's own log, not to the log store (see logLinesPerMinute). */
+  const emit = (level: LogLevel, message: string, service?: string, ship = true) => {
+    if (ship) deps.log({ level, message, service_name: service, phase: current });
     const line = service ? `[${service}] ${message}` : message;
     if (headBytes < LOG_HEAD_BYTES) {
       head.push(line);
@@ -467,23 +475,39 @@ export async function runBuild(job: BuildJob, deps: BuildDeps): Promise<BuildOut
     // Room is asked for in the share of the log buffer of the app built.
     const built = { group_slug: job.group_slug, app_name: job.app_name, branch: job.branch };
     const logRoom = deps.logRoom && (() => deps.logRoom!(built));
+    const perMinute = deps.logLinesPerMinute ?? 0;
+    const logRate = new LogRateLimit<string>({ perMinute });
+    const tellDropped = () => {
+      for (const { dropped, since, context: service } of logRate.notices()) {
+        deps.log({
+          level: "warning",
+          message: `[${dropped} line(s) of this build's output not shipped since ${since.toISOString()}: a build may log ${perMinute} lines a minute; the build's own log keeps its first and last output]`,
+          service_name: service,
+          phase: current,
+        });
+      }
+    };
     for (const [name, service] of Object.entries(config.services ?? {})) {
       if (!service.build) continue;
       await enter(`build:${name}`);
       emit("info", `$ ${service.build}`, name);
       commandRan = true;
       const command = ["/bin/sh", "-c", service.build];
+      const noticeTimer = setInterval(tellDropped, DROPPED_NOTICE_MS);
       const run = await withLimits(deps, `build-${job.build_id}-${name}`, async (cgroups) => {
         const wrapped = deps.sandbox ? await deps.sandbox.wrap(command, { writable: [src, home], chdir: src, dieWithParent: true, ownNetwork: true, bindPorts: [], cgroups }) : null;
         return runCommand(inCgroups(cgroups, wrapped?.argv ?? command), {
           cwd: src,
           env: buildEnv(job, home),
           deadline,
-          onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name),
+          onLine: (line, stream) => emit(stream === "stderr" ? "warning" : "info", line, name, logRate.admit(job.build_id, name)),
           room: logRoom,
           network: wrapped?.network,
           signal: deps.signal,
         });
+      }).finally(() => {
+        clearInterval(noticeTimer);
+        tellDropped();
       });
       if (deps.signal?.aborted) throw new BuildCancelled(`Cancelled during ${current}.`);
       if (run.networkProblem) throw new BuildFailure(`The build command of service ${name} could not be given its network: ${run.networkProblem}`);

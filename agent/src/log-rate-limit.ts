@@ -1,11 +1,15 @@
 /**
- * The log rate limit: how much of its output one replica may ship. A replica printing without
- * end (a loop logging each turn, a storm of stack traces) would otherwise store millions of
- * lines in minutes, and every log search of its group would wade through them until retention
- * took them away. Each replica has an allowance of `perMinute` lines: a minute's worth at once
- * (a start-up dump, a stack trace), refilled evenly. Past it, its lines are dropped and counted,
- * and a notice in its own stream says how many, at most once per `noticeEveryMs`.
+ * The log rate limit: how much of its output one replica, or one build, may ship to the log store.
+ * A replica printing without end (a loop logging each turn, a storm of stack traces) would
+ * otherwise store millions of lines in minutes, and every log search of its group would wade
+ * through them until retention took them away. Each has an allowance of `perMinute` lines: a
+ * minute's worth at once (a start-up dump, a package install), refilled evenly. Past it, its
+ * lines are dropped and counted, and a notice in its own stream says how many, every
+ * DROPPED_NOTICE_MS.
  */
+
+/** How often a replica or a build past its limit is told, in its own stream, how many lines it lost. */
+export const DROPPED_NOTICE_MS = 5_000;
 
 /** A notice due: `dropped` lines of the replica whose last dropped line came with `context`. */
 export interface DroppedNotice<T> {
@@ -24,6 +28,7 @@ interface Allowance<T> {
   context: T | null;
 }
 
+/** Allowances keyed by a replica id or a build id; `T` is what a notice needs to say where it goes. */
 export class LogRateLimit<T> {
   readonly #perMinute: number;
   readonly #perMs: number;

@@ -16,7 +16,7 @@ import { portIsFree, replicaPortIn, type PortRange } from "./replica-ports.ts";
 import type { InventoryEntry } from "./heartbeat.ts";
 import { HostState } from "./host-state.ts";
 import { deleteImages, fetchImage } from "./image-store.ts";
-import { LogRateLimit } from "./log-rate-limit.ts";
+import { DROPPED_NOTICE_MS, LogRateLimit } from "./log-rate-limit.ts";
 import { Mutex } from "./mutex.ts";
 import { CaddyRouter } from "./router.ts";
 import { DockerDriver } from "./runtime/docker.ts";
@@ -44,8 +44,8 @@ export interface RuntimeHostOptions {
   /** What all tenant code of the host may use together (hostShare). */
   tenants: TenantShare;
   healthTimeoutMs: number;
-  /** Lines of output one replica may ship a minute (AGENT_REPLICA_LOG_LINES_PER_MINUTE, log-rate-limit.ts); 0: no limit. */
-  replicaLogLinesPerMinute: number;
+  /** Lines of output one replica may ship a minute (AGENT_LOG_LINES_PER_MINUTE, log-rate-limit.ts); 0: no limit. */
+  logLinesPerMinute: number;
   /** How often the routing table Caddy holds is checked for drift from this host's record; ROUTER_CHECK_MS unless set. */
   routerCheckMs?: number;
   apps: Client<typeof AppsBuildsService>;
@@ -69,8 +69,6 @@ const DRAIN_MS = 2_000;
 /** How long a port handed out to a new replica is kept from others before the replica holds it. */
 const HANDED_OUT_MS = 60_000;
 const STOP_GRACE_MS = 10_000;
-/** How often a replica past its log rate limit is told, in its own stream, how many lines it lost. */
-const DROPPED_NOTICE_MS = 5_000;
 /** How long a deploy keeps asking apps-builds for its release while it is out of reach (a restart, say). */
 const RESOLVE_PATIENCE_MS = 30_000;
 
@@ -111,7 +109,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
 
   const groupOf = (spec: { app: string; branch: string; group: string }) => state.appOf(spec.app, spec.branch)?.group ?? spec.group;
 
-  const logRate = new LogRateLimit<ReplicaSpec>({ perMinute: o.replicaLogLinesPerMinute });
+  const logRate = new LogRateLimit<ReplicaSpec>({ perMinute: o.logLinesPerMinute });
   const tellDropped = () => {
     for (const { replica, dropped, since, context: spec } of logRate.notices()) {
       o.ship({
@@ -123,7 +121,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
         service_name: spec.service,
         instance_id: o.hostId,
         deployment_id: spec.deploymentId,
-        message: `[${dropped} line(s) of this replica's output dropped since ${since.toISOString()}: a replica may log ${o.replicaLogLinesPerMinute} lines a minute]`,
+        message: `[${dropped} line(s) of this replica's output dropped since ${since.toISOString()}: a replica may log ${o.logLinesPerMinute} lines a minute]`,
         metadata: { replica, colour: spec.colour, tag: spec.tag, dropped_lines: dropped, event: "log_rate_limited" },
       });
     }

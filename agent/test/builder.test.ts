@@ -492,3 +492,37 @@ it("keeps the first and last output of a long build in its stored log, and waits
     await noisy.cleanup();
   }
 });
+
+it("ships a build's output to the log store up to its log rate limit, says how much it held back, and keeps the build's own log whole at both ends", async () => {
+  const noisy = await makeFixtureRepo("node-web");
+  try {
+    await noisy.commit("noisy build", {
+      "noisy.js": "for (let i = 0; i < 20000; i++) console.log(`line ${i}`);\nconsole.log('the end');\n",
+      "platform.yaml": webConfigBuiltBy("node noisy.js"),
+    });
+    const shipped: Array<{ message: string; level: string; service_name?: string }> = [];
+    const outcome = await runBuild(
+      { ...job("main-0000000c", false), repository: noisy.url, branch: noisy.branch },
+      { ...deps(), logLinesPerMinute: 600, log: (line) => void shipped.push(line) },
+    );
+    expect(outcome).toMatchObject({ status: "completed", error_message: "" });
+    const output = shipped.filter((l) => /^line \d+$/.test(l.message) || l.message === "the end");
+    // A minute's worth at once, and a few more as the allowance refills while the command runs.
+    expect(output.length).toBeGreaterThanOrEqual(600);
+    expect(output.length).toBeLessThan(700);
+    expect(output.slice(0, 600).map((l) => l.message)).toEqual(Array.from({ length: 600 }, (_, i) => `line ${i}`));
+    const notices = shipped.filter((l) => l.message.includes("of this build's output not shipped"));
+    expect(notices.length).toBeGreaterThan(0);
+    for (const n of notices) {
+      expect(n).toMatchObject({ level: "warning", service_name: "web" });
+      expect(n.message).toMatch(/^\[\d+ line\(s\) of this build's output not shipped since \S+: a build may log 600 lines a minute; the build's own log keeps its first and last output\]$/);
+    }
+    const held = notices.reduce((sum, n) => sum + Number(/^\[(\d+)/.exec(n.message)![1]), 0);
+    expect(output.length + held).toBe(20001);
+    expect(outcome.result.log).toContain("[web] line 0\n");
+    expect(outcome.result.log).toContain("[web] line 19999\n");
+    expect(outcome.result.log).toContain("[web] the end");
+  } finally {
+    await noisy.cleanup();
+  }
+});

@@ -60,7 +60,7 @@ function hostOptions(runDir: string): RuntimeHostOptions {
     tenants: { name: "tenants", memoryMb: 0, pidsMax: 0 },
     replicaPortRange: REPLICA_PORTS,
     healthTimeoutMs: 10_000,
-    replicaLogLinesPerMinute: 6000,
+    logLinesPerMinute: 6000,
     apps: createServiceClient(AppsBuildsService, "http://127.0.0.1:9"),
     bus,
     logger,
@@ -294,7 +294,7 @@ it("ships a replica's output up to its log rate limit, and says in the replica's
     since: new Date().toISOString(),
   });
   const shipped: LogLineInput[] = [];
-  const host = await startRuntimeHost({ ...hostOptions(runDir), replicaLogLinesPerMinute: 600, ship: (line) => void shipped.push(line) });
+  const host = await startRuntimeHost({ ...hostOptions(runDir), logLinesPerMinute: 600, ship: (line) => void shipped.push(line) });
   try {
     const output = () => shipped.filter((l) => l.source === "container" && l.metadata?.replica === spec.id);
     const notices = () => output().filter((l) => l.metadata?.event === "log_rate_limited");

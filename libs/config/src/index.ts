@@ -408,11 +408,11 @@ export const agentEnv = {
     default: "60",
     description: "how long a new replica has to answer its health check before the deploy fails",
   },
-  AGENT_REPLICA_LOG_LINES_PER_MINUTE: {
+  AGENT_LOG_LINES_PER_MINUTE: {
     type: "int",
     default: "6000",
     description:
-      "lines of output one replica may ship a minute (a minute's worth at once, then evenly); past it its lines are dropped and a line in its log says how many; 0 for no limit",
+      "lines of output one replica, or one build's commands, may ship to the log store a minute (a minute's worth at once, then evenly); past it the lines are dropped and a line in the same log says how many; a build's own log keeps its first and last output regardless; 0 for no limit",
   },
   PLATFORM_ALLOW_FILE_REPOS: {
     type: "bool",
