@@ -14,7 +14,7 @@ import { registerAccess } from "./access.ts";
 import { CredentialCache } from "./domain/credential-cache.ts";
 import { closeBody, refuseBody, refuseUnparsed, refuseUrl, typedBodyValidator } from "./domain/input-bounds.ts";
 import { clientErrorHandler, registerErrorHandling } from "./errors.ts";
-import { listGatewayAnswers, sharedSchemas } from "./schemas.ts";
+import { finishDocument, listGatewayAnswers, sharedSchemas } from "./schemas.ts";
 import { appRoutes } from "./routes/apps.ts";
 import { appSettingsRoutes } from "./routes/app-settings.ts";
 import { buildRoutes } from "./routes/builds.ts";
@@ -106,6 +106,7 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
       security: [{ credential: [] }],
     },
     refResolver: { buildLocalReference: (json, _base, _fragment, i) => String(json.$id ?? `def-${i}`) },
+    transformObject: (documents) => ("openapiObject" in documents ? finishDocument(documents.openapiObject) : documents.swaggerObject),
   });
   const access = registerAccess(app, { identity, cache, logger });
 

@@ -54,7 +54,8 @@ const BODY_METHODS = ["POST", "PUT", "PATCH", "DELETE"];
 /**
  * The answers the gateway gives before any route's handler runs, listed on every documented
  * route that does not describe them itself: 400 for a malformed request (a NUL character or a
- * parameter too long in the URL, a body that is not JSON), 401 where a credential is needed, 503
+ * path segment too long in the URL, a body that is not JSON), 431 for a URL or headers too large
+ * for Node's parser, 401 where a credential is needed, 503
  * where a service behind it may be unavailable, and 413 and 415 on the methods whose body it
  * reads, whether or not the route takes one.
  */
@@ -62,7 +63,8 @@ export function listGatewayAnswers(route: RouteOptions): void {
   const schema = route.schema as { hide?: boolean; response?: Record<string, unknown> } | undefined;
   if (!schema || schema.hide) return;
   const response = (schema.response ??= {});
-  response[400] ??= refusal("Malformed request: a NUL character or a parameter too long in the URL, or a body that is not JSON.");
+  response[400] ??= refusal("Malformed request: a NUL character in the URL, a path segment over 1024 characters, or a body that is not JSON.");
+  response[431] ??= refusal("The request's URL or headers are too large (together over 16 KiB).");
   if (!(route.config as { access?: { public?: boolean } } | undefined)?.access?.public) {
     response[401] ??= authErrors[401];
     response[503] ??= refusal("A service the route needs is unavailable (restarting, or its database is); nothing was done that the answer does not say. Retry shortly.");
@@ -224,3 +226,35 @@ export const appSchema = {
 } as const;
 
 export const sharedSchemas = [errorSchema, groupSchema, apiKeySchema, appSchema];
+
+interface DocumentOperation {
+  operationId?: string;
+  requestBody?: { required?: boolean; content?: Record<string, { schema?: { type?: unknown } }> };
+}
+
+/**
+ * What @fastify/swagger leaves out of the OpenAPI document: a body a route takes optionally (its
+ * schema allows null, so no body at all is accepted) is not `required`, and every operation has
+ * an operationId, from its method and path (`postAppsByAppNameRedeploy`), which client generators
+ * name their functions by.
+ */
+export function finishDocument<T extends { paths?: Record<string, Record<string, unknown> | undefined> }>(document: T): T {
+  const word = (s: string) => s.replace(/(^|[-_.])([a-z0-9])/g, (_m, _sep: string, c: string) => c.toUpperCase());
+  for (const [path, item] of Object.entries(document.paths ?? {})) {
+    for (const [method, value] of Object.entries(item ?? {})) {
+      const op = value as DocumentOperation;
+      if (typeof op !== "object" || op === null || !("responses" in op)) continue;
+      const schemaType = op.requestBody?.content?.["application/json"]?.schema?.type;
+      if (op.requestBody && Array.isArray(schemaType) && schemaType.includes("null")) op.requestBody.required = false;
+      op.operationId ??=
+        method +
+        path
+          .replace(/^\/api/, "")
+          .split("/")
+          .filter(Boolean)
+          .map((segment) => (segment.startsWith("{") ? `By${word(segment.slice(1, -1))}` : word(segment)))
+          .join("");
+    }
+  }
+  return document;
+}

@@ -109,6 +109,20 @@ describe("OpenAPI document", () => {
     expect(Object.keys(createKey.responses)).toEqual(expect.arrayContaining(["201", "401", "403", "404", "422", "413", "415"]));
   });
 
+  it("names every operation once, and requires a body only where the route refuses to go without one", async () => {
+    const r = await call(fleet.api, "GET", "/openapi.json", { credential: fleet.rootKey });
+    const ids: string[] = [];
+    for (const operations of Object.values(r.body.paths as Record<string, Record<string, any>>)) {
+      for (const op of Object.values(operations)) ids.push(op.operationId);
+    }
+    expect(ids.every((id) => typeof id === "string" && /^[a-z]+[A-Za-z0-9]+$/.test(id))).toBe(true);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(r.body.paths["/api/apps/{app_name}/redeploy"].post.operationId).toBe("postAppsByAppNameRedeploy");
+    expect(r.body.paths["/api/apps/{app_name}/redeploy"].post.requestBody.required).toBe(false);
+    expect(r.body.paths["/api/deployments/{deployment_id}/cancel"].post.requestBody.required).toBe(false);
+    expect(r.body.paths["/api/keys"].post.requestBody.required).toBe(true);
+  });
+
   it("lists among a route's answers every error status its text names, those the gateway gives before any route, and 413 and 415 wherever it reads a body", async () => {
     const r = await call(fleet.api, "GET", "/openapi.json", { credential: fleet.rootKey });
     const missing: string[] = [];
@@ -118,7 +132,7 @@ describe("OpenAPI document", () => {
         const text = `${op.summary ?? ""} ${op.description ?? ""}`;
         // A status, not a count ("at most 500 variables").
         const named = [...text.matchAll(/\b([45]\d\d)\b(?! [a-z]+s\b)/g)].map((m) => m[1]!);
-        const gateway = ["400", ...(path === "/api/health" ? [] : ["401", "503"]), ...(["post", "put", "patch", "delete"].includes(method) ? ["413", "415"] : [])];
+        const gateway = ["400", "431", ...(path === "/api/health" ? [] : ["401", "503"]), ...(["post", "put", "patch", "delete"].includes(method) ? ["413", "415"] : [])];
         for (const code of new Set([...named, ...gateway])) if (!codes.includes(code)) missing.push(`${method} ${path}: ${code}`);
       }
     }

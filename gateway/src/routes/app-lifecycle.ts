@@ -37,8 +37,8 @@ const queuedAction = {
     branch: { type: "string" },
     image_tag: nullable,
     status: { type: "string", enum: ["queued"] },
-    mode: { type: "string", enum: ["image", "rebuild"] },
-    build_id: nullable,
+    mode: { type: "string", enum: ["image", "rebuild"], description: "Redeploy only: whether the latest image is deployed again or the branch is rebuilt." },
+    build_id: { ...nullable, description: "Redeploy only: the build a rebuild queued (null for an image redeploy)." },
   },
   required: ["action_id", "app_name", "branch", "status"],
 } as const;

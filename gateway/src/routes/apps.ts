@@ -259,7 +259,8 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
         summary: "The app's registered branches.",
         description:
           "With `next_branch`, also what registering that branch would meet: next_branch_would_be_production (null when it cannot be registered), " +
-          "production_branch, next_branch_copy_refusal (`{code, message}` of the refusal copy_vars_from_branch or clone_data_from_branch would get, or null) " +
+          "production_branch, next_branch_copy_refusal (`{code, message}` of the first refusal registering the branch with copy_vars_from_branch or clone_data_from_branch would get, " +
+          "its own rules included: `app_exists`, `invalid_branch`, `label_too_long`...; or null) " +
           "and clone_components_available. Without it those keys are absent. The preview enforces nothing.",
         params: appName,
         querystring: { type: "object", properties: { ...commonQuery, next_branch: { type: "string", maxLength: 255 } } },

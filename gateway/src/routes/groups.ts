@@ -27,7 +27,7 @@ export function groupRoutes(app: FastifyInstance, identity: Client<typeof Identi
         },
         response: {
           201: { $ref: "Group#" },
-          409: { $ref: "Error#", description: "`group_exists`: a group with this slug exists." },
+          409: { $ref: "Error#", description: "`group_exists`: a group with this slug exists; `group_slug_reserved`: a group had it before a rename (the old slug stays reserved)." },
           ...authErrors,
           ...bodyErrors,
         },

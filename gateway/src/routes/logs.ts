@@ -154,7 +154,7 @@ export function logRoutes(
               type: "string",
               description:
                 "Full-text search over message: every word must appear, in any case and order. Spaces and punctuation separate words, " +
-                "so `healthz` finds `GET /healthz` and `build info` finds `dist/build-info.txt`; a part of a word finds nothing.",
+                "so `healthz` finds `GET /healthz` and `build info` finds `dist/build-info.txt`; a part of a word finds nothing. At most 500 characters (422).",
             },
             since: {
               type: "string",

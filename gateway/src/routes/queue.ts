@@ -278,6 +278,7 @@ export function queueRoutes(app: FastifyInstance, queue: Client<typeof DeployQue
             required: ["action_id", "reason", "ttl_seconds", "expires_at", "single_use"],
           },
           ...authErrors,
+          404: { $ref: "Error#", description: "The same answer for an unknown action, another group's, and a malformed or too short id (spec 4.5)." },
           ...bodyErrors,
           400: {
             $ref: "Error#",
