@@ -745,3 +745,20 @@ describe("tenant code", () => {
     expect(JSON.parse(res.body)).toEqual({ uid: 61000, postgres: "ECONNREFUSED", nats: "ECONNREFUSED", deployQueue: "ECONNREFUSED", api: "ECONNREFUSED", router: "connected", self: "connected" });
   });
 });
+
+describe("a deleted branch", () => {
+  it("takes its deployments, history and queue actions with it: registered again, the app starts with none of them", async () => {
+    expect((await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme })).body.total).toBeGreaterThan(0);
+    expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })).status).toBe(202);
+    await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
+    expect((await call(api, "DELETE", `/apps/${APP}`, { credential: acme })).status).toBe(204);
+    const again = await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } });
+    expect(again.status).toBe(201);
+    expect(again.body.app_name).toBe(APP);
+    await expect.poll(async () => (await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme })).body.total, { timeout: 30_000 }).toBe(0);
+    expect((await call(api, "GET", `/deployments?app_name=${APP}`, { credential: acme })).body.total).toBe(0);
+    const queue = (await call(api, "GET", `/deployments/queue?app_name=${APP}&all=true`, { credential: acme })).body;
+    // Only the new registration's own preflight.
+    expect(queue.map((a: any) => a.action_type)).toEqual(["GIT_PREFLIGHT"]);
+  });
+});

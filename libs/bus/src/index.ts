@@ -645,6 +645,33 @@ export interface GroupDeleted {
   deleted_at?: Date;
 }
 
+/**
+ * apps-builds' `builds_deleted`: a branch's builds deleted, by a purge or with the branch itself
+ * (`branchDeleted`); what other services keep of them goes too.
+ */
+export interface BuildsDeleted {
+  groupSlug: string;
+  appName: string;
+  branch: string;
+  buildIds: string[];
+  branchDeleted: boolean;
+  /** When apps-builds deleted them (`deleted_at`); the time the event is handled for an event without it. */
+  deletedAt: Date;
+}
+
+export function parseBuildsDeleted(data: Record<string, unknown>): BuildsDeleted {
+  const text = (key: string) => {
+    const v = data[key];
+    if (typeof v !== "string" || v === "") throw new Error(`builds_deleted: ${key} must be a non-empty string`);
+    return v;
+  };
+  const ids = data.build_ids;
+  if (!Array.isArray(ids) || !ids.every((id) => typeof id === "string")) throw new Error("builds_deleted: build_ids must be a list of strings");
+  const deletedAt = typeof data.deleted_at === "string" ? new Date(data.deleted_at) : new Date();
+  if (Number.isNaN(deletedAt.getTime())) throw new Error("builds_deleted: deleted_at must be a timestamp");
+  return { groupSlug: text("group_slug"), appName: text("app_name"), branch: text("branch"), buildIds: ids as string[], branchDeleted: data.branch_deleted === true, deletedAt };
+}
+
 export function parseGroupRenamed(data: Record<string, unknown>): GroupRenamed {
   const { group_id, slug, previous_slug } = data;
   if (typeof group_id !== "string" || typeof slug !== "string" || !slug || typeof previous_slug !== "string" || !previous_slug) {

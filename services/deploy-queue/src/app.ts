@@ -13,11 +13,12 @@ import { migrations } from "./migrations/0001_queue.ts";
 import { deploymentMigrations } from "./migrations/0002_deployments.ts";
 import { groupRenameMigrations } from "./migrations/0003_group_renames.ts";
 import { createServiceClient } from "@platform/rpc";
-import { consumeGroupEvents } from "@platform/bus";
+import { consumeEvent, consumeGroupEvents, parseBuildsDeleted, subjects } from "@platform/bus";
 import { AppsBuildsService } from "@platform/proto";
 import { routes } from "./rpc.ts";
 import { startBuildRequestConsumer, startHeartbeatListener, startPeriodicJobs, startPreflightConsumers, startReconcileConsumer } from "./workers.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
+import { forgetDeletedBranch } from "./domain/branch-deleted.ts";
 
 export type DeployQueueConfig = Config<typeof deployQueueEnv>;
 
@@ -41,8 +42,18 @@ export function build(config: DeployQueueConfig = loadConfig(deployQueueEnv)): P
         renamed: (em, e) => rekeyGroup(em, e.previous_slug, e.slug),
         deleted: (em, e) => forgetGroup(em, e.slugs),
       });
+      const branches = await consumeEvent({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "deploy-queue",
+        name: "builds-deleted",
+        subject: subjects.events.buildsDeleted,
+        parse: parseBuildsDeleted,
+        handle: forgetDeletedBranch,
+      });
       const jobs = startPeriodicJobs(ctx, { orphanedAfterMs: config.ORPHANED_ACTION_AFTER_S * 1000 });
-      return [() => jobs.stop(), () => groups.stop(), ...preflights.map((c) => () => c.stop()), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
+      return [() => jobs.stop(), () => branches.stop(), () => groups.stop(), ...preflights.map((c) => () => c.stop()), () => reconcile.stop(), () => intake.stop(), () => heartbeats.stop()];
     },
   });
 }

@@ -68,6 +68,12 @@ async function queueBuild(overrides: Partial<BuildRequested> = {}) {
 }
 
 const row = (id: string) => service.ctx.read((em) => em.findOneOrFail(Action, { id }));
+
+/** Publishes a domain event as the services' outboxes do. */
+async function announce(subject: string, data: Record<string, unknown>) {
+  const id = randomUUID();
+  await bus.js.publish(bus.subject(subject), JSON.stringify({ id, data }), { msgID: id });
+}
 const sql = (query: string, params: unknown[] = []) => service.ctx.write((em) => em.getConnection().execute(query, params, "all", em.getTransactionContext()));
 
 async function heartbeat(hostId: string, extra: Record<string, unknown> = {}) {
@@ -753,10 +759,6 @@ describe("preflights", () => {
 
 describe("a renamed or deleted group", () => {
   /** Publishes one of identity's group events, as its outbox relay would. */
-  async function announce(subject: string, data: Record<string, unknown>) {
-    const id = randomUUID();
-    await bus.js.publish(bus.subject(subject), JSON.stringify({ id, data }), { msgID: id });
-  }
   const actionsOf = (groupSlug: string) => service.ctx.read((em) => em.find(Action, { groupSlug }));
   const historyOf = (groupSlug: string) => service.ctx.read((em) => em.find(HistoryRecord, { groupSlug }));
 
@@ -804,6 +806,42 @@ describe("a renamed or deleted group", () => {
     expect(await historyOf("umbrella-corp")).toEqual([]);
     expect(await service.ctx.read((em) => em.findOne(Action, { id: straggler.buildId }))).toBeNull();
     expect((await actionsOf("tyrell")).length).toBeGreaterThan(0);
+  });
+});
+
+describe("a deleted branch (builds_deleted with branch_deleted)", () => {
+  const actionsOf = (appName: string) => service.ctx.read((em) => em.find(Action, { groupSlug: "acme", appName }));
+  const historyOf = (appName: string) => service.ctx.read((em) => em.find(HistoryRecord, { groupSlug: "acme", appName }));
+  const deleted = (appName: string, deletedAt: Date, branchDeleted = true) =>
+    announce(subjects.events.buildsDeleted, { group_slug: "acme", app_name: appName, branch: "main", build_ids: [], branch_deleted: branchDeleted, deleted_at: deletedAt.toISOString() });
+  const finished = async (appName: string) => {
+    const { buildId, deployId } = await queueBuild({ group_slug: "acme", app_name: appName });
+    await service.ctx.write(async (em) => {
+      for (const id of [buildId, deployId]) Object.assign(await em.findOneOrFail(Action, { id }), { status: "completed", completedAt: new Date() });
+      recordHistory(em, await em.findOneOrFail(Action, { id: deployId }), new Date());
+    });
+  };
+
+  it("drops the branch's actions and deployment history as they were when it was deleted, and nothing of a purge", async () => {
+    await finished("gone");
+    await finished("kept");
+    await deleted("kept", new Date(), false);
+    await deleted("gone", new Date());
+    await expect.poll(async () => (await actionsOf("gone")).length, { timeout: 10_000 }).toBe(0);
+    expect(await historyOf("gone")).toEqual([]);
+    expect((await actionsOf("kept")).length).toBe(2);
+    expect((await historyOf("kept")).length).toBe(1);
+  });
+
+  it("keeps what the branch registered again has, when the deletion is told late", async () => {
+    await finished("reborn");
+    await finished("marker");
+    await deleted("reborn", new Date(Date.now() - 60_000));
+    // Events of one subject are handled in order: once the later one is, the earlier one was.
+    await deleted("marker", new Date());
+    await expect.poll(async () => (await actionsOf("marker")).length, { timeout: 10_000 }).toBe(0);
+    expect((await actionsOf("reborn")).length).toBe(2);
+    expect((await historyOf("reborn")).length).toBe(1);
   });
 });
 

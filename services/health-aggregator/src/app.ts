@@ -4,7 +4,7 @@
  */
 import { healthAggregatorEnv, loadConfig, type Config } from "@platform/config";
 import { every, startService, type RunningService } from "@platform/service";
-import { consumeEvent, consumeGroupEvents, subjects } from "@platform/bus";
+import { consumeEvent, consumeGroupEvents, parseBuildsDeleted, subjects } from "@platform/bus";
 import { entities } from "./entities/index.ts";
 import { migrations } from "./migrations/0001_logs.ts";
 import { logBuildsMigrations } from "./migrations/0002_log_builds.ts";
@@ -14,7 +14,7 @@ import { searchWordsMigrations } from "./migrations/0005_search_words.ts";
 import { logTombstonesMigrations } from "./migrations/0006_log_tombstones.ts";
 import { LogStore } from "./domain/log-store.ts";
 import { forgetGroup, rekeyGroup } from "./domain/groups.ts";
-import { forgetBuilds, parseBuildsDeleted } from "./domain/builds-deleted.ts";
+import { forgetBuilds } from "./domain/builds-deleted.ts";
 import { LOG_PRUNE_INTERVAL_MS, logRetentionCutoff } from "./domain/retention.ts";
 import { startLogIngestion, type LogIngestion, type LogIngestionOptions } from "./log-ingestion.ts";
 import { routes } from "./rpc.ts";

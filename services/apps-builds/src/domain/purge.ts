@@ -3,7 +3,8 @@
  * with `purge` (spec doc 1 section 4.5). What other services keep of them goes too, told by
  * `builds_deleted` through the outbox: health-aggregator drops their log lines, so that a build
  * no longer counts among an app's most recent, and a branch registered again under the same name
- * starts without the old one's lines.
+ * starts without the old one's lines; deploy-queue drops a deleted branch's deployments, history
+ * and queue actions.
  */
 import { enqueueEvent, type EntityManager } from "@platform/db";
 import { subjects } from "@platform/bus";

@@ -6,30 +6,8 @@
  * with none. Lines still on their way follow (forgetting.ts). Idempotent.
  */
 import type { EntityManager } from "@platform/db";
+import type { BuildsDeleted } from "@platform/bus";
 import { holdForgetting } from "./forgetting.ts";
-
-export interface BuildsDeleted {
-  groupSlug: string;
-  appName: string;
-  branch: string;
-  buildIds: string[];
-  branchDeleted: boolean;
-  /** When apps-builds deleted them (`deleted_at`); the time the event is handled for an event without it. */
-  deletedAt: Date;
-}
-
-export function parseBuildsDeleted(data: Record<string, unknown>): BuildsDeleted {
-  const text = (key: string) => {
-    const v = data[key];
-    if (typeof v !== "string" || v === "") throw new Error(`builds_deleted: ${key} must be a non-empty string`);
-    return v;
-  };
-  const ids = data.build_ids;
-  if (!Array.isArray(ids) || !ids.every((id) => typeof id === "string")) throw new Error("builds_deleted: build_ids must be a list of strings");
-  const deletedAt = typeof data.deleted_at === "string" ? new Date(data.deleted_at) : new Date();
-  if (Number.isNaN(deletedAt.getTime())) throw new Error("builds_deleted: deleted_at must be a timestamp");
-  return { groupSlug: text("group_slug"), appName: text("app_name"), branch: text("branch"), buildIds: ids as string[], branchDeleted: data.branch_deleted === true, deletedAt };
-}
 
 /** Bind parameters stay far below Postgres's 65,535 for a branch of many builds. */
 const TOMBSTONES_PER_STATEMENT = 1000;
