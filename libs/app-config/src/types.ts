@@ -16,7 +16,11 @@ export interface ServiceConfig {
   build?: string;
   /** The process to start. Required in a container app. */
   run?: string;
-  /** The port the process listens on (the service gets PORT set to it). Required unless background. */
+  /**
+   * Says the service serves HTTP (required unless background). Each replica is given a port of
+   * the host's own in PORT and must listen there: replicas of several releases and apps share a
+   * host, so the declared number is not the one bound.
+   */
   port?: number;
   /** HTTP path checked before the swap. Not for background services. */
   health?: string;
