@@ -6,7 +6,7 @@
  */
 import path from "node:path";
 import type { Client } from "@connectrpc/connect";
-import type { Bus } from "@platform/bus";
+import { publishEvent, subjects, type Bus } from "@platform/bus";
 import type { Logger } from "@platform/logger";
 import type { LogLineInput } from "@platform/logship";
 import type { AppsBuildsService } from "@platform/proto";
@@ -24,7 +24,7 @@ import { ProcessDriver } from "./runtime/process.ts";
 import type { ReplicaSpec, RuntimeDriver } from "./runtime/types.ts";
 import type { TenantUser } from "./sandbox.ts";
 import type { OwnPort } from "./tenant-fence.ts";
-import { Supervisor } from "./supervisor.ts";
+import { describeExit, Supervisor } from "./supervisor.ts";
 import { untilAnswered } from "./until-answered.ts";
 
 export interface RuntimeHostOptions {
@@ -189,6 +189,21 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
         metadata: { replica: spec.id, event: "port_moved", from: spec.port, to: moved.port },
       });
       return moved;
+    },
+    onCrashLoop: ({ spec, looping, crashes, exit }) => {
+      const data = {
+        group_slug: groupOf(spec),
+        app_name: spec.app,
+        branch: spec.branch,
+        service_name: spec.service,
+        tag: spec.tag,
+        replica: spec.id,
+        looping,
+        crashes,
+        last_exit: describeExit(exit),
+        at: new Date().toISOString(),
+      };
+      publishEvent(o.bus, subjects.events.serviceCrashLoop, data).catch((err: unknown) => o.logger.warn({ err, ...data }, "could not tell of a crash loop"));
     },
     onEvent: (e) => {
       o.ship({

@@ -1,7 +1,8 @@
 /**
  * The supervisor: restarts a replica that died on its own while it is still desired, with
  * exponential backoff (1 s doubling to 30 s, back to 1 s once a run lasted 60 s), and reports
- * every crash and restart. The deployer says what is desired: desire() after it starts a replica,
+ * every crash and restart, and when a replica is crash-looping (CRASH_LOOP_CRASHES crashes with
+ * no run of 60 s between them) and when that ends (a run of 60 s, or the replica released). The deployer says what is desired: desire() after it starts a replica,
  * release() before it stops one, so that its own stops are never taken for crashes.
  */
 import type { Logger } from "@platform/logger";
@@ -12,6 +13,8 @@ const BACKOFF_MIN_MS = 1_000;
 const BACKOFF_MAX_MS = 30_000;
 /** A run this long counts as healthy: the next crash is restarted after the shortest wait again. */
 const STABLE_RUN_MS = 60_000;
+/** Crashes (and failed restarts) in a row, no run lasting STABLE_RUN_MS between them, that make a crash loop. */
+export const CRASH_LOOP_CRASHES = 3;
 /** Grace for a restarted replica that was released while it was being started. */
 const STOP_GRACE_MS = 10_000;
 
@@ -27,9 +30,22 @@ export interface SupervisorEvent {
   message: string;
 }
 
+/** A replica began crash-looping (`looping`), or stopped: it ran STABLE_RUN_MS, or was released. */
+export interface CrashLoopEvent {
+  spec: ReplicaSpec;
+  looping: boolean;
+  /** Crashes and failed restarts in a row so far. */
+  crashes: number;
+  /** The last crash. */
+  exit: ExitInfo | null;
+}
+
 export interface SupervisorOptions {
   driver: RuntimeDriver;
   onEvent: (event: SupervisorEvent) => void;
+  onCrashLoop?: (event: CrashLoopEvent) => void;
+  /** How long a run must last to count as stable (default STABLE_RUN_MS). */
+  stableRunMs?: number;
   /**
    * Where a crashed replica comes back (another port, say): asked when the crash is seen
    * (`crashed`) and again just before each restart (`restart`). Absent: where it was.
@@ -50,6 +66,11 @@ interface Desired {
   handledRun: number | null;
   /** The relocation asked for at the crash, which the restart waits for. */
   relocating: Promise<void> | null;
+  /** Said to be crash-looping (onCrashLoop), and not yet said to have stopped. */
+  looping: boolean;
+  /** Ends the crash loop once a restarted run has lasted STABLE_RUN_MS. */
+  steady: NodeJS.Timeout | null;
+  lastExit: ExitInfo | null;
 }
 
 /** How a replica ended, as its log lines and error messages say it. */
@@ -67,6 +88,8 @@ export function describeExit(exit: ExitInfo | null): string {
 export class Supervisor {
   readonly #driver: RuntimeDriver;
   readonly #onEvent: (event: SupervisorEvent) => void;
+  readonly #onCrashLoop: SupervisorOptions["onCrashLoop"];
+  readonly #stableRunMs: number;
   readonly #relocate: SupervisorOptions["relocate"];
   readonly #logger: Logger | undefined;
   readonly #desired = new Map<string, Desired>();
@@ -75,6 +98,8 @@ export class Supervisor {
   constructor(opts: SupervisorOptions) {
     this.#driver = opts.driver;
     this.#onEvent = opts.onEvent;
+    this.#onCrashLoop = opts.onCrashLoop;
+    this.#stableRunMs = opts.stableRunMs ?? STABLE_RUN_MS;
     this.#relocate = opts.relocate;
     this.#logger = opts.logger;
     opts.driver.onExit((state) => this.#exited(state));
@@ -86,8 +111,8 @@ export class Supervisor {
    */
   desire(spec: ReplicaSpec): void {
     const previous = this.#desired.get(spec.id);
-    if (previous?.timer) clearTimeout(previous.timer);
-    const entry: Desired = { spec, failures: 0, timer: null, handledRun: null, relocating: null };
+    if (previous) this.#forget(previous);
+    const entry: Desired = { spec, failures: 0, timer: null, handledRun: null, relocating: null, looping: false, steady: null, lastExit: null };
     this.#desired.set(spec.id, entry);
     const state = this.#driver.list().find((r) => r.spec.id === spec.id);
     if (state && !state.running && !this.#closed) {
@@ -99,8 +124,16 @@ export class Supervisor {
 
   release(replicaId: string): void {
     const entry = this.#desired.get(replicaId);
-    if (entry?.timer) clearTimeout(entry.timer);
+    if (entry) this.#forget(entry);
     this.#desired.delete(replicaId);
+  }
+
+  /** An entry no longer kept: its timers stop, and a crash loop it was in ends. */
+  #forget(entry: Desired): void {
+    if (entry.timer) clearTimeout(entry.timer);
+    if (entry.steady) clearTimeout(entry.steady);
+    entry.timer = entry.steady = null;
+    if (entry.looping) this.#loop(entry, false);
   }
 
   desired(): ReplicaSpec[] {
@@ -109,7 +142,10 @@ export class Supervisor {
 
   async close(): Promise<void> {
     this.#closed = true;
-    for (const entry of this.#desired.values()) if (entry.timer) clearTimeout(entry.timer);
+    for (const entry of this.#desired.values()) {
+      if (entry.timer) clearTimeout(entry.timer);
+      if (entry.steady) clearTimeout(entry.steady);
+    }
   }
 
   #current(entry: Desired): boolean {
@@ -121,7 +157,10 @@ export class Supervisor {
     // A restart already scheduled or begun (desire() saw the exit first) covers this exit too.
     if (!entry || this.#closed || entry.timer || entry.handledRun === state.startedAt.getTime()) return;
     const ranMs = (state.exit?.at ?? new Date()).getTime() - state.startedAt.getTime();
-    if (ranMs >= STABLE_RUN_MS) entry.failures = 0;
+    if (ranMs >= this.#stableRunMs) entry.failures = 0;
+    if (entry.steady) clearTimeout(entry.steady);
+    entry.steady = null;
+    entry.lastExit = state.exit;
     const delay = this.#retryIn(entry);
     this.#emit(entry.spec, state.exit?.oomKilled ? "oom_killed" : "crashed", state.exit, `Replica ${state.spec.id} ${describeExit(state.exit)}; restarting in ${delay / 1000} s.`);
     this.#schedule(entry, delay, state.exit);
@@ -138,7 +177,17 @@ export class Supervisor {
   #retryIn(entry: Desired): number {
     const delay = Math.min(BACKOFF_MIN_MS * 2 ** entry.failures, BACKOFF_MAX_MS);
     entry.failures++;
+    if (entry.failures >= CRASH_LOOP_CRASHES && !entry.looping) this.#loop(entry, true);
     return delay;
+  }
+
+  #loop(entry: Desired, looping: boolean): void {
+    entry.looping = looping;
+    try {
+      this.#onCrashLoop?.({ spec: entry.spec, looping, crashes: entry.failures, exit: entry.lastExit });
+    } catch (err) {
+      this.#logger?.error({ err, replica: entry.spec.id }, "crash loop handler failed");
+    }
   }
 
   #schedule(entry: Desired, delay: number, exit: ExitInfo | null): void {
@@ -174,6 +223,13 @@ export class Supervisor {
       return;
     }
     this.#emit(spec, "restarted", exit, `Replica ${spec.id} restarted (attempt ${entry.failures}).`);
+    if (entry.looping) {
+      entry.steady = setTimeout(() => {
+        entry.steady = null;
+        if (this.#current(entry) && entry.looping) this.#loop(entry, false);
+      }, this.#stableRunMs);
+      entry.steady.unref();
+    }
   }
 
   #emit(spec: ReplicaSpec, kind: SupervisorEvent["kind"], exit: ExitInfo | null, message: string): void {

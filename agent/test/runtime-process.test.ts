@@ -14,7 +14,7 @@ import { ProcessDriver, probeHttpClient } from "../src/runtime/process.ts";
 import { TENANT_CPU_WEIGHT, probeCgroup, probeSocketCgroup } from "../src/cgroups.ts";
 import { probeSandbox } from "../src/sandbox.ts";
 import type { OutputLine, ReplicaSpec, ReplicaState } from "../src/runtime/types.ts";
-import { Supervisor, type SupervisorEvent } from "../src/supervisor.ts";
+import { Supervisor, type CrashLoopEvent, type SupervisorEvent } from "../src/supervisor.ts";
 
 const sandbox = await probeSandbox();
 const memory = await probeCgroup("memory");
@@ -724,5 +724,48 @@ describe("Supervisor", () => {
     expect(await get(port)).toBe(`hello from ${port}`);
     supervisor.release(spec.id);
     await driver.stop(spec.id, 2_000);
+  });
+
+  it("says a replica is crash-looping at its third crash in a row, and that it stopped once a restart runs stably, or once it is released", async () => {
+    const driver = newDriver();
+    const loops: CrashLoopEvent[] = [];
+    const events: SupervisorEvent[] = [];
+    const supervisor = new Supervisor({ driver, onEvent: (e) => events.push(e), onCrashLoop: (e) => loops.push(e), stableRunMs: 1_500 });
+    supervisors.push(supervisor);
+    const port = await freePort();
+    // Dies three times, then serves.
+    const crashThrice = `
+      const fs = require("node:fs");
+      const runs = fs.existsSync(process.env.COUNTER) ? Number(fs.readFileSync(process.env.COUNTER, "utf8")) : 0;
+      fs.writeFileSync(process.env.COUNTER, String(runs + 1));
+      if (runs < 3) setTimeout(() => process.exit(7), 100);
+      else { ${HTTP_SERVER} }
+    `;
+    const spec = makeSpec(nodeCommand(crashThrice), { port, env: { PORT: String(port), COUNTER: path.join(releaseDir, "crash-thrice") } });
+    await driver.start(spec);
+    supervisor.desire(spec);
+    await until(() => loops.length > 0, "the crash loop", 20_000);
+    expect(events.filter((e) => e.kind === "crashed")).toHaveLength(3);
+    expect(loops[0]).toMatchObject({ looping: true, crashes: 3, exit: { code: 7 } });
+    expect(loops[0]!.spec.id).toBe(spec.id);
+    await until(() => loops.length > 1, "the end of the crash loop", 20_000);
+    expect(loops[1]).toMatchObject({ looping: false });
+    expect(await get(port)).toBe(`hello from ${port}`);
+    supervisor.release(spec.id);
+    expect(loops).toHaveLength(2);
+    await driver.stop(spec.id, 2_000);
+
+    // A replica released while it loops: the loop ends with it.
+    const port2 = await freePort();
+    const looping = makeSpec(nodeCommand("setTimeout(() => process.exit(7), 100);"), { port: port2, env: { PORT: String(port2) } });
+    await driver.start(looping);
+    supervisor.desire(looping);
+    await until(() => loops.length > 2, "the second crash loop", 20_000);
+    supervisor.release(looping.id);
+    expect(loops.slice(2).map((e) => [e.spec.id, e.looping])).toEqual([
+      [looping.id, true],
+      [looping.id, false],
+    ]);
+    await driver.stop(looping.id, 2_000).catch(() => undefined);
   });
 });

@@ -195,7 +195,13 @@ export const appSchema = {
       },
     },
     deploy_warning: nullableString,
-    warnings: { type: "array", items: { type: "string" } },
+    warnings: {
+      type: "array",
+      items: { type: "string" },
+      description:
+        "Non-fatal messages: a visibility change waiting for a deploy, and a service of the serving release that keeps crashing " +
+        "(`Service <name> keeps crashing: ...`, from its third crash in a row with no run of a minute between, until a restart runs a minute or another release serves).",
+    },
     created_by: { type: "string" },
     created_at: { type: "string" },
     updated_at: { type: "string" },

@@ -746,6 +746,27 @@ describe("tenant code", () => {
   });
 });
 
+describe("a crash-looping service", () => {
+  it("is among the app's warnings while its release serves, and no longer once a release that stays up replaces it", async () => {
+    // Passes its health check, then dies every 3 s: the agent restarts it after 1, 2, then 4 s.
+    await web.commit("dies after 3 s", { "server.js": `${serverJs}\nsetTimeout(() => process.exit(7), 3000);\n` });
+    try {
+      const looping = await buildAndDeploy();
+      expect(looping.deploy.status, looping.deploy.error_message).toBe("completed");
+      const app = await waitFor(getApp, (a) => a.warnings.some((w: string) => w.startsWith("Service web keeps crashing")), 60_000);
+      expect(app).toMatchObject({ deploy_status: "running", running_version: looping.tag });
+      expect(app.warnings.find((w: string) => w.startsWith("Service web"))).toMatch(
+        /^Service web keeps crashing: 1 replica\(s\) restarted \d+ times in a row without running a minute \(last: exited with code 7, \S+\)\. /,
+      );
+    } finally {
+      await web.commit("stays up", { "server.js": serverJs });
+    }
+    const steady = await buildAndDeploy();
+    expect(steady.deploy.status, steady.deploy.error_message).toBe("completed");
+    expect((await waitFor(getApp, (a) => a.running_version === steady.tag)).warnings).toEqual([]);
+  });
+});
+
 describe("a deleted branch", () => {
   it("takes its deployments, history and queue actions with it: registered again, the app starts with none of them", async () => {
     expect((await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme })).body.total).toBeGreaterThan(0);

@@ -2,6 +2,7 @@
  * The one bus helper: a NATS connection with JetStream, stream declarations, the outbox relay,
  * and durable idempotent consumers. Trace context rides in message headers.
  */
+import { randomUUID } from "node:crypto";
 import { connect } from "@nats-io/transport-node";
 import { headers as natsHeaders, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import {
@@ -237,6 +238,15 @@ export function startOutboxRelay(opts: OutboxRelayOptions): OutboxRelay {
 export interface EventEnvelope {
   id: string;
   data: Record<string, unknown>;
+}
+
+/**
+ * Publishes an event as an outbox relay would, for a process with no database (an agent): what
+ * it tells is lost if the publish fails, so it is only for what is told again or made moot later.
+ */
+export async function publishEvent(bus: Pick<Bus, "js" | "subject">, subject: string, data: Record<string, unknown>): Promise<void> {
+  const id = randomUUID();
+  await bus.js.publish(bus.subject(subject), JSON.stringify({ id, data } satisfies EventEnvelope), { msgID: id });
 }
 
 export interface ConsumerOptions {

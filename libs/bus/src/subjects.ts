@@ -28,13 +28,20 @@ export const events = {
   buildRequested: "events.apps_builds.build_requested",
   /**
    * An app's branch was deleted, or its builds purged by an undeploy: services drop what they
-   * still keep of them (health-aggregator: the builds' log lines, and every line of a deleted branch).
+   * still keep of them (health-aggregator: the builds' log lines, and every line of a deleted branch;
+   * deploy-queue: a deleted branch's actions and history).
    */
   buildsDeleted: "events.apps_builds.builds_deleted",
   /** An app's live route must follow its visibility: deploy-queue queues a RECONCILE_ROUTING. */
   reconcileRequested: "events.apps_builds.reconcile_requested",
   /** A queue action changed state (claimed, phase, finished); apps-builds keeps builds rows in step. */
   actionUpdated: "events.deploy_queue.action_updated",
+  /**
+   * An agent's replica began crash-looping, or stopped (it ran a minute, or was released):
+   * apps-builds shows it among the app's warnings while its release serves. Published by the
+   * agent itself, which has no outbox.
+   */
+  serviceCrashLoop: "events.agent.service_crash_loop",
 } as const;
 
 export const work = {

@@ -4,7 +4,7 @@
  */
 import { appsBuildsEnv, loadConfig, type Config } from "@platform/config";
 import { startService, type RunningService } from "@platform/service";
-import { consumeGroupEvents } from "@platform/bus";
+import { consumeEvent, consumeGroupEvents, subjects } from "@platform/bus";
 import { createServiceClient } from "@platform/rpc";
 import { IdentityService } from "@platform/proto";
 import { entities } from "./entities/index.ts";
@@ -16,6 +16,7 @@ import { settingsHandlers } from "./rpc-settings.ts";
 import { routes } from "./rpc.ts";
 import { variableHandlers } from "./rpc-variables.ts";
 import { rekeyGroup } from "./domain/group-rename.ts";
+import { parseCrashLoop, recordCrashLoop } from "./domain/crash-loops.ts";
 import { appsBuildsMigrations } from "./migrations/index.ts";
 import { REGISTRATION_WAIT_MS } from "./domain/group-lock.ts";
 
@@ -45,7 +46,17 @@ export function build(config: AppsBuildsConfig = loadConfig(appsBuildsEnv)): Pro
         service: "apps-builds",
         renamed: (em, e) => rekeyGroup(em, [e.previous_slug], e.slug),
       });
-      return [() => preflight.stop(), () => tracker.stop(), () => groups.stop()];
+      const crashLoops = await consumeEvent({
+        bus: ctx.bus,
+        orm: ctx.orm,
+        logger: ctx.logger,
+        service: "apps-builds",
+        name: "service-crash-loop",
+        subject: subjects.events.serviceCrashLoop,
+        parse: parseCrashLoop,
+        handle: recordCrashLoop,
+      });
+      return [() => preflight.stop(), () => tracker.stop(), () => groups.stop(), () => crashLoops.stop()];
     },
   });
 }

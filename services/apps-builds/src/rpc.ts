@@ -7,6 +7,7 @@ import { allowFileRepos } from "@platform/config";
 import { AppSchema, AppsBuildsService, BranchSchema, type App as AppMsg } from "@platform/proto";
 import { actorOf, requireCaller } from "@platform/caller";
 import type { EntityManager } from "@platform/db";
+import { crashLoopWarnings } from "./domain/crash-loops.ts";
 import type { ServiceContext } from "@platform/service";
 import { Build, type App } from "./entities/index.ts";
 import { appUrls, serviceUrls, type RouterSettings } from "./domain/front-door.ts";
@@ -78,7 +79,7 @@ export function appMsg(a: App, router: RouterSettings, builds: number, single?: 
         }
       : undefined,
     deployWarning: undeployed ? undefined : (a.deployWarning ?? undefined),
-    warnings: a.warnings,
+    warnings: [...a.warnings, ...crashLoopWarnings(a)],
     createdAt: iso(a.createdAt),
     updatedAt: iso(a.updatedAt),
     createdBy: a.createdBy,

@@ -292,6 +292,7 @@ export async function registerApp(
     preflightNonce: 0,
     serviceNames: [],
     warnings: [],
+    crashLoops: {},
     deployWarning: null,
     primaryOverrides: {},
     baseConfig: null,

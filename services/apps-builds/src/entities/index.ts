@@ -1,4 +1,5 @@
 import { defineEntity, p } from "@mikro-orm/core";
+import type { CrashLoop } from "../domain/crash-loops.ts";
 
 export interface PreflightResultData {
   reason: string;
@@ -50,6 +51,8 @@ export const AppSchema = defineEntity({
     preflightNonce: p.integer(),
     serviceNames: p.json<string[]>(),
     warnings: p.json<string[]>(),
+    /** replica id -> its crash loop, as agents told it (domain/crash-loops.ts). */
+    crashLoops: p.json<Record<string, CrashLoop>>().defaultRaw("'{}'"),
     deployWarning: p.text().nullable(),
     /** The DEPLOY, RETRY or UNDEPLOY action the last_* fields describe. */
     lastDeployActionId: p.uuid().nullable(),

@@ -11,6 +11,7 @@ import { firstDeployMigrations } from "./0009_first_deploy.ts";
 import { repositoryKeyWwwMigrations } from "./0010_repository_key_www.ts";
 import { runningMountsMigrations } from "./0011_running_mounts.ts";
 import { branchBaseNamesMigrations } from "./0012_branch_base_names.ts";
+import { crashLoopsMigrations } from "./0013_crash_loops.ts";
 
 export const appsBuildsMigrations = [
   ...migrations,
@@ -25,4 +26,5 @@ export const appsBuildsMigrations = [
   ...repositoryKeyWwwMigrations,
   ...runningMountsMigrations,
   ...branchBaseNamesMigrations,
+  ...crashLoopsMigrations,
 ];
