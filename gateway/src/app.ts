@@ -114,9 +114,9 @@ export async function build(config: GatewayConfig = loadConfig(gatewayEnv), logg
   groupRoutes(app, identity);
   keyRoutes(app, identity, cache);
   authRoutes(app, identity, cache);
-  appRoutes(app, apps, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
-  appSettingsRoutes(app, apps);
   const queue = createServiceClient(DeployQueueService, config.DEPLOY_QUEUE_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
+  appRoutes(app, apps, queue, { domain: config.PLATFORM_DOMAIN, environment: config.PLATFORM_ENVIRONMENT });
+  appSettingsRoutes(app, apps);
   const health = createServiceClient(HealthAggregatorService, config.HEALTH_AGGREGATOR_URL, { token: config.PLATFORM_INTERNAL_TOKEN });
   buildRoutes(app, apps, queue, health);
   queueRoutes(app, queue);

@@ -768,11 +768,20 @@ describe("a crash-looping service", () => {
 });
 
 describe("a deleted branch", () => {
-  it("takes its deployments, history and queue actions with it: registered again, the app starts with none of them", async () => {
+  it("is refused while a deploy of it is queued, and takes its deployments, history and queue actions with it: registered again, the app starts with none of them", async () => {
     expect((await call(api, "GET", `/deployments/history?app_name=${APP}`, { credential: acme })).body.total).toBeGreaterThan(0);
     expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })).status).toBe(202);
     await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
-    expect((await call(api, "DELETE", `/apps/${APP}`, { credential: acme })).status).toBe(204);
+    // A deploy accepted just before is not yet the app's state: the queue holds the deletion back.
+    const deploy = await call(api, "POST", "/deployments", { credential: acme, body: { app_name: APP } });
+    expect(deploy.status).toBe(202);
+    const refused = await call(api, "DELETE", `/apps/${APP}`, { credential: acme });
+    expect(refused).toMatchObject({ status: 409, body: { detail: { code: "action_in_flight", action_id: deploy.body.action_id, action_type: "DEPLOY" } } });
+    const deployed = await waitFor(async () => (await call(api, "GET", `/deployments/${deploy.body.action_id}`, { credential: acme })).body, (d) => ["completed", "failed", "cancelled"].includes(d.status), 120_000);
+    expect(deployed.status).toBe("completed");
+    expect((await call(api, "POST", `/deployments/${APP}/undeploy`, { credential: acme, body: {} })).status).toBe(202);
+    await waitFor(async () => (await getApp()).deploy_status, (s) => s === "undeployed", 60_000);
+    await expect.poll(async () => (await call(api, "DELETE", `/apps/${APP}`, { credential: acme })).status, { timeout: 30_000 }).toBe(204);
     const again = await call(api, "POST", "/apps", { credential: acme, body: { app_name: APP, repository: web.url } });
     expect(again.status).toBe(201);
     expect(again.body.app_name).toBe(APP);

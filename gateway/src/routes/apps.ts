@@ -2,11 +2,12 @@ import type { FastifyInstance } from "fastify";
 import type { Client } from "@connectrpc/connect";
 import { fromJson, toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ListValueSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
-import { REGISTRATION_SETTINGS, type App, type AppsBuildsService } from "@platform/proto";
+import { REGISTRATION_SETTINGS, type App, type AppsBuildsService, type DeployQueueService } from "@platform/proto";
 import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { shownRepository } from "@platform/app-config";
 import { PlatformError } from "@platform/errors";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
+import { refuseDeletionDuringAction } from "../domain/deletion.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -70,7 +71,7 @@ const branchQuery = {
 } as const;
 const appResponse = { $ref: "App#" } as const;
 
-export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>, env: { domain: string; environment: string }): void {
+export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsService>, queue: Client<typeof DeployQueueService>, env: { domain: string; environment: string }): void {
   app.post(
     "/api/apps",
     {
@@ -236,7 +237,9 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
           409: {
             $ref: "Error#",
             description:
-              "`branch_required` (several branches: name one); `app_running` (it serves or may: undeploy it first); `build_in_flight` (a build of the branch has not ended: cancel it or wait; `build_id`); `production_branch` (promote another first).",
+              "`branch_required` (several branches: name one); `app_running` (it serves or may: undeploy it first); `build_in_flight` (a build of the branch has not ended: cancel it or wait; `build_id`); " +
+              "`action_in_flight` (a deploy, undeploy, service action or other queue action of the branch is queued or running, a preflight excepted: cancel it or wait; `action_id`, `action_type`; " +
+              "without ?branch=, any branch's); `production_branch` (promote another first).",
           },
           ...authErrors,
         },
@@ -245,7 +248,10 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
     async (request, reply) => {
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
-      await apps.deleteApp({ caller: callerOf(request), appName: app_name, branch: branch ?? "" });
+      const caller = callerOf(request);
+      const live = await queue.listQueue({ caller, appName: app_name, all: false, excludeTypes: ["GIT_PREFLIGHT"], limit: 100 });
+      refuseDeletionDuringAction(live.items, branch);
+      await apps.deleteApp({ caller, appName: app_name, branch: branch ?? "" });
       return reply.code(204).send();
     },
   );

@@ -5,6 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import Fastify, { type FastifyInstance } from "fastify";
+import pg from "pg";
 import { fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { appsBuildsEnv, loadConfig } from "@platform/config";
@@ -443,6 +444,34 @@ describe("set-production", () => {
     expect(await refusal(client.deleteApp({ caller: acme, appName: "web", branch: "doomed" }))).toMatchObject({ status: 409, detail: { code: "build_in_flight", build_id: buildId } });
     await service.ctx.write((em) => em.nativeUpdate(Build, { id: buildId }, { status: "cancelled" }));
     await client.deleteApp({ caller: acme, appName: "web", branch: "doomed" });
+  });
+
+  it("waits for a build that holds the branch while it decides, and then refuses build_in_flight: never deletes a build accepted meanwhile", async () => {
+    await client.registerApp({ caller: acme, appName: "web", repository: REPOSITORY, branch: "raced-build" });
+    await setRow("web", "raced-build", { deployStatus: "undeployed", runningVersion: null });
+    // A build being accepted holds the branch's row in share mode until it commits (buildWriter).
+    const accepting = new pg.Client({ connectionString: databaseUrl, options: "-c search_path=apps_builds" });
+    await accepting.connect();
+    try {
+      await accepting.query("begin");
+      await accepting.query("select 1 from apps where app_name = 'web' and branch = 'raced-build' for share");
+      const deletion = refusal(client.deleteApp({ caller: acme, appName: "web", branch: "raced-build" }));
+      await expect
+        .poll(async () => (await accepting.query("select count(*)::int as n from pg_locks where not granted and locktype in ('transactionid', 'tuple')")).rows[0].n, { timeout: 10_000 })
+        .toBeGreaterThan(0);
+      const buildId = await service.ctx.write(async (em) => {
+        const id = completedBuild(em, await em.findOneOrFail(App, { appName: "web", branch: "raced-build" }), "raced-build-1");
+        await em.flush();
+        await em.nativeUpdate(Build, { id }, { status: "queued" });
+        return id;
+      });
+      await accepting.query("commit");
+      expect(await deletion).toMatchObject({ status: 409, detail: { code: "build_in_flight", build_id: buildId } });
+      await service.ctx.write((em) => em.nativeUpdate(Build, { id: buildId }, { status: "cancelled" }));
+      await client.deleteApp({ caller: acme, appName: "web", branch: "raced-build" });
+    } finally {
+      await accepting.end();
+    }
   });
 
   it("is a no-op for the branch that already is production", async () => {

@@ -1,6 +1,7 @@
 /**
  * Reading and removing apps. Another group's app is "not found", exactly like an unknown one.
  */
+import { LockMode } from "@mikro-orm/core";
 import { appNameKey } from "@platform/bus";
 import { PlatformError } from "@platform/errors";
 import type { EntityManager } from "@platform/db";
@@ -55,7 +56,12 @@ export async function listApps(em: EntityManager, caller: Caller): Promise<App[]
 export async function deleteApp(em: EntityManager, caller: Caller, appName: string, branch?: string): Promise<void> {
   await holdProductionLock(em, appName);
   const rows = await appBranches(em, caller, appName);
-  const target = branch ? rows.find((a) => a.branch === branch) : rows.length === 1 ? rows[0] : undefined;
+  const found = branch ? rows.find((a) => a.branch === branch) : rows.length === 1 ? rows[0] : undefined;
+  // Held to the commit, and everything below read after it: a build accepted meanwhile holds the
+  // row in share mode (buildWriter) and is either seen here as in flight or waits, then finds
+  // the branch gone; an agent resolving a deploy's release waits too (resolveRelease).
+  const target = found && (await em.findOne(App, { id: found.id }, { lockMode: LockMode.PESSIMISTIC_WRITE, refresh: true }));
+  if (found && !target) throw appNotFound(appName, found.branch);
   if (!target) {
     if (branch) throw appNotFound(appName, branch);
     throw PlatformError.conflict({

@@ -73,7 +73,10 @@ export async function resolveRelease(em: EntityManager, caller: Caller | null, q
     if (!q.skipPreflight) requirePreflightPassed(app);
   } else {
     app = await em.findOne(App, { groupSlug: q.groupSlug, appName: q.appName, branch: q.branch });
-    if (!app) throw appNotFound(q.appName, q.branch);
+    // An agent about to deploy: a deletion of the branch under way (deleteApp holds the row) is
+    // waited for, so a deploy never starts what a deleted branch left no route of the API to stop.
+    const held = app && (await em.getConnection().execute<unknown[]>("select 1 from apps where id = ? for share", [app.id], "all", em.getTransactionContext()));
+    if (!app || held?.length === 0) throw appNotFound(q.appName, q.branch);
   }
   const build = await buildOf(em, app, q);
   const variables = await em.find(Variable, { appId: app.id }, { orderBy: { key: "asc" } });
