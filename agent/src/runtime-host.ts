@@ -108,6 +108,14 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
   const router = new CaddyRouter({ adminUrl: o.routerAdminUrl, listenPort: o.routerPort, logger: o.logger });
 
   const groupOf = (spec: { app: string; branch: string; group: string }) => state.appOf(spec.app, spec.branch)?.group ?? spec.group;
+  /** Where a line about a replica belongs. */
+  const ofReplica = (spec: { app: string; branch: string; group: string; service: string }) => ({
+    app_name: spec.app,
+    branch: spec.branch,
+    group_slug: groupOf(spec),
+    service_name: spec.service,
+    instance_id: o.hostId,
+  });
 
   const logRate = new LogRateLimit<ReplicaSpec>({ perMinute: o.logLinesPerMinute });
   const tellDropped = () => {
@@ -115,11 +123,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       o.ship({
         source: "container",
         level: "warning",
-        app_name: spec.app,
-        branch: spec.branch,
-        group_slug: groupOf(spec),
-        service_name: spec.service,
-        instance_id: o.hostId,
+        ...ofReplica(spec),
         deployment_id: spec.deploymentId,
         message: `[${dropped} line(s) of this replica's output dropped since ${since.toISOString()}: a replica may log ${o.logLinesPerMinute} lines a minute]`,
         metadata: { replica, colour: spec.colour, tag: spec.tag, dropped_lines: dropped, event: "log_rate_limited" },
@@ -134,11 +138,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
     o.ship({
       source: "container",
       level: line.stream === "stderr" ? "warning" : "info",
-      app_name: spec.app,
-      branch: spec.branch,
-      group_slug: groupOf(spec),
-      service_name: spec.service,
-      instance_id: o.hostId,
+      ...ofReplica(spec),
       deployment_id: spec.deploymentId,
       message: line.line,
       ts: line.at.toISOString(),
@@ -180,11 +180,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       o.ship({
         source: "agent",
         level: "warning",
-        app_name: spec.app,
-        branch: spec.branch,
-        group_slug: groupOf(spec),
-        service_name: spec.service,
-        instance_id: o.hostId,
+        ...ofReplica(spec),
         message: `Port ${spec.port} of replica ${spec.id} was taken by another process while the replica was down; it restarts on port ${moved.port}, and its route follows.`,
         metadata: { replica: spec.id, event: "port_moved", from: spec.port, to: moved.port },
       });
@@ -209,11 +205,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
       o.ship({
         source: "agent",
         level: e.kind === "restarted" ? "info" : e.kind === "crashed" ? "warning" : "error",
-        app_name: e.app,
-        branch: e.branch,
-        group_slug: groupOf(e),
-        service_name: e.service,
-        instance_id: o.hostId,
+        ...ofReplica(e),
         message: e.message,
         metadata: { replica: e.replicaId, event: e.kind, exit: e.exit ?? null },
       });

@@ -243,13 +243,7 @@ it("moves a crashed replica to another port of the replica range at once, and ag
   } finally {
     await new Promise((r) => squatter.close(r));
     await host.close();
-    // Replicas outlive the agent: this test's goes with it.
-    const cleaner = new ProcessDriver({ runDir });
-    for (const r of await cleaner.adopt()) {
-      await cleaner.stop(r.spec.id, 500);
-      await cleaner.remove(r.spec.id);
-    }
-    await cleaner.close();
+    await removeReplicas(runDir);
   }
 });
 
@@ -310,14 +304,19 @@ it("ships a replica's output up to its log rate limit, and says in the replica's
     expect(notice!.message).toMatch(/^\[\d+ line\(s\) of this replica's output dropped since \S+: a replica may log 600 lines a minute\]$/);
   } finally {
     await host.close();
-    const cleaner = new ProcessDriver({ runDir });
-    for (const r of await cleaner.adopt()) {
-      await cleaner.stop(r.spec.id, 500);
-      await cleaner.remove(r.spec.id);
-    }
-    await cleaner.close();
+    await removeReplicas(runDir);
   }
 });
+
+/** Replicas outlive the agent: a test's go with it. */
+async function removeReplicas(runDir: string): Promise<void> {
+  const cleaner = new ProcessDriver({ runDir });
+  for (const r of await cleaner.adopt()) {
+    await cleaner.stop(r.spec.id, 500);
+    await cleaner.remove(r.spec.id);
+  }
+  await cleaner.close();
+}
 
 /** Polls `read` every 10 ms until it answers something. */
 async function until<T>(read: () => Promise<T | undefined>, timeoutMs = 5_000): Promise<T> {
