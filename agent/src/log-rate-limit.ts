@@ -11,9 +11,9 @@
 /** How often a replica or a build past its limit is told, in its own stream, how many lines it lost. */
 export const DROPPED_NOTICE_MS = 5_000;
 
-/** A notice due: `dropped` lines of the replica whose last dropped line came with `context`. */
+/** A notice due: `dropped` lines of the stream `key` (a replica, a build), whose last dropped line came with `context`. */
 export interface DroppedNotice<T> {
-  replica: string;
+  key: string;
   dropped: number;
   /** When the first of them was dropped. */
   since: Date;
@@ -33,7 +33,7 @@ export class LogRateLimit<T> {
   readonly #perMinute: number;
   readonly #perMs: number;
   readonly #now: () => number;
-  readonly #replicas = new Map<string, Allowance<T>>();
+  readonly #allowances = new Map<string, Allowance<T>>();
 
   /** `perMinute` 0: no limit. */
   constructor(opts: { perMinute: number; now?: () => number }) {
@@ -42,12 +42,12 @@ export class LogRateLimit<T> {
     this.#now = opts.now ?? Date.now;
   }
 
-  /** True when the replica's line may be shipped; false when it is dropped (and counted, with `context` for its notice). */
-  admit(replica: string, context: T): boolean {
+  /** True when a line of stream `key` may be shipped; false when it is dropped (and counted, with `context` for its notice). */
+  admit(key: string, context: T): boolean {
     if (this.#perMinute <= 0) return true;
     const now = this.#now();
-    let a = this.#replicas.get(replica);
-    if (!a) this.#replicas.set(replica, (a = { tokens: this.#perMinute, at: now, dropped: 0, since: 0, context: null }));
+    let a = this.#allowances.get(key);
+    if (!a) this.#allowances.set(key, (a = { tokens: this.#perMinute, at: now, dropped: 0, since: 0, context: null }));
     this.#refill(a, now);
     if (a.tokens >= 1) {
       a.tokens -= 1;
@@ -60,21 +60,21 @@ export class LogRateLimit<T> {
   }
 
   /**
-   * What was dropped since the last call, per replica, and forgets replicas whose allowance is
-   * whole again (a replica gone, or quiet for a minute).
+   * What was dropped since the last call, per stream, and forgets streams whose allowance is
+   * whole again (a replica or build gone, or quiet for a minute).
    */
   notices(): DroppedNotice<T>[] {
     const now = this.#now();
     const due: DroppedNotice<T>[] = [];
-    for (const [replica, a] of this.#replicas) {
+    for (const [key, a] of this.#allowances) {
       if (a.dropped > 0 && a.context !== null) {
-        due.push({ replica, dropped: a.dropped, since: new Date(a.since), context: a.context });
+        due.push({ key, dropped: a.dropped, since: new Date(a.since), context: a.context });
         a.dropped = 0;
         a.context = null;
         continue;
       }
       this.#refill(a, now);
-      if (a.tokens >= this.#perMinute) this.#replicas.delete(replica);
+      if (a.tokens >= this.#perMinute) this.#allowances.delete(key);
     }
     return due;
   }

@@ -119,7 +119,7 @@ export async function startRuntimeHost(o: RuntimeHostOptions): Promise<RuntimeHo
 
   const logRate = new LogRateLimit<ReplicaSpec>({ perMinute: o.logLinesPerMinute });
   const tellDropped = () => {
-    for (const { replica, dropped, since, context: spec } of logRate.notices()) {
+    for (const { key: replica, dropped, since, context: spec } of logRate.notices()) {
       o.ship({
         source: "container",
         level: "warning",

@@ -29,7 +29,7 @@ it("tells once per call how many lines each replica lost since when, with the co
   const first = new Date(1_000_000);
   advance(500);
   expect(limit.admit("r1", "last")).toBe(false);
-  expect(limit.notices()).toEqual([{ replica: "r1", dropped: 41, since: first, context: "last" }]);
+  expect(limit.notices()).toEqual([{ key: "r1", dropped: 41, since: first, context: "last" }]);
   expect(limit.notices()).toEqual([]);
 });
 
