@@ -2,7 +2,8 @@
  * The supervisor: restarts a replica that died on its own while it is still desired, with
  * exponential backoff (1 s doubling to 30 s, back to 1 s once a run lasted 60 s), and reports
  * every crash and restart, and when a replica is crash-looping (CRASH_LOOP_CRASHES crashes with
- * no run of 60 s between them) and when that ends (a run of 60 s, or the replica released). The deployer says what is desired: desire() after it starts a replica,
+ * no run of 60 s between them) and when that ends (a run of 60 s, or the replica released).
+ * The deployer says what is desired: desire() after it starts a replica,
  * release() before it stops one, so that its own stops are never taken for crashes.
  */
 import type { Logger } from "@platform/logger";
