@@ -756,7 +756,7 @@ describe("a crash-looping service", () => {
       const app = await waitFor(getApp, (a) => a.warnings.some((w: string) => w.startsWith("Service web keeps crashing")), 60_000);
       expect(app).toMatchObject({ deploy_status: "running", running_version: looping.tag });
       expect(app.warnings.find((w: string) => w.startsWith("Service web"))).toMatch(
-        /^Service web keeps crashing: 1 replica\(s\) restarted \d+ times in a row without running a minute \(last: exited with code 7, \S+\)\. /,
+        /^Service web keeps crashing: 1 replica\(s\) crash-looping since \S+ \(3 crashes in a row without a minute's run; the last of them: exited with code 7\)\. /,
       );
     } finally {
       await web.commit("stays up", { "server.js": serverJs });

@@ -133,7 +133,7 @@ export function logRoutes(
           "Source semantics: `agent` and `backup` match that source exactly; `deploy` matches deploy lines and agent lines " +
           "that carry a deployment_id; `build` reads the shipped lines of the 5 most recent builds with lines in the window (or of the build an id names); " +
           "`container` reads the replicas' stdout (level info) and stderr (level warning) as the log collector shipped them, which includes the output a crashed replica left " +
-          "(the crash tail of a failed deploy is that same output, so it is not repeated). A replica, and a build's commands, ship at most 6 000 lines a minute by default (the agent's " +
+          "(the crash tail of a failed deploy is that same output, so it is not repeated). A replica, and a build's commands, ship at most 6 000 lines at once, then 100 a second, by default (the agent's " +
           "AGENT_LOG_LINES_PER_MINUTE); past it lines are dropped and a warning line in the same log says how many (a build's own log keeps its first and last output). With a deployment_id it reads the output of the replicas " +
           "that deployment started; a build_id or action_id (which container lines do not carry) selects the owning app's output. " +
           "An empty container answer carries `reason`. " +

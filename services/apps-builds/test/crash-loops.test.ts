@@ -5,7 +5,7 @@ import { crashLoopWarnings, parseCrashLoop, type CrashLoop } from "../src/domain
 const loop = (over: Partial<CrashLoop> = {}): CrashLoop => ({ service: "web", tag: "main-1", crashes: 3, last_exit: "exited with code 7", since: "2026-11-25T10:00:00.000Z", ...over });
 const app = (crashLoops: Record<string, CrashLoop>, runningVersion: string | null = "main-1") => ({ crashLoops, runningVersion, appName: "shop", branch: "main" });
 
-it("warns once per service of the serving release, with its latest crash, and says nothing of another release's", () => {
+it("warns once per service of the serving release, from when its loop began, and says nothing of another release's", () => {
   const warnings = crashLoopWarnings(
     app({
       r1: loop(),
@@ -15,9 +15,9 @@ it("warns once per service of the serving release, with its latest crash, and sa
     }),
   );
   expect(warnings).toEqual([
-    "Service web keeps crashing: 2 replica(s) restarted 5 times in a row without running a minute (last: was killed by SIGKILL, 2026-11-25T10:05:00.000Z). " +
+    "Service web keeps crashing: 2 replica(s) crash-looping since 2026-11-25T10:00:00.000Z (3 crashes in a row without a minute's run; the last of them: exited with code 7). " +
       "The agent keeps restarting it; its output is in GET /api/logs?app_name=shop&source=container, the restarts in source=agent.",
-    expect.stringMatching(/^Service worker keeps crashing: 1 replica\(s\) restarted 3 times/),
+    expect.stringMatching(/^Service worker keeps crashing: 1 replica\(s\) crash-looping since /),
   ]);
   expect(crashLoopWarnings(app({ r1: loop() }, null))).toEqual([]);
 });

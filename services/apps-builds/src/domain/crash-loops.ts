@@ -62,9 +62,11 @@ export function crashLoopWarnings(app: Pick<App, "crashLoops" | "runningVersion"
     byService.set(loop.service, [...(byService.get(loop.service) ?? []), loop]);
   }
   return [...byService].sort(([a], [b]) => a.localeCompare(b)).map(([service, loops]) => {
-    const last = loops.reduce((a, b) => (a.since >= b.since ? a : b));
+    // Told once when the loop began, not at each crash since: the warning says when, and how it began.
+    const first = loops.reduce((a, b) => (a.since <= b.since ? a : b));
     return (
-      `Service ${service} keeps crashing: ${loops.length} replica(s) restarted ${last.crashes} times in a row without running a minute (last: ${last.last_exit}, ${last.since}). ` +
+      `Service ${service} keeps crashing: ${loops.length} replica(s) crash-looping since ${first.since} ` +
+      `(${first.crashes} crashes in a row without a minute's run; the last of them: ${first.last_exit}). ` +
       `The agent keeps restarting it; its output is in GET /api/logs?app_name=${app.appName}&source=container, the restarts in source=agent.`
     );
   });
