@@ -259,6 +259,15 @@ describe("deploy state from DEPLOY and RETRY actions (doc 1 sections 2.1 and 3.4
     expect(after).toMatchObject({ deployStatus: "deploying", lastDeployActionId: actionId, lastDeployStatus: "in_progress", runningVersion: null });
   });
 
+  it("leaves alone a branch registered again after the action was queued: it was an earlier registration's", async () => {
+    const app = await registerApp();
+    const queuedBefore = new Date(app.createdAt.getTime() - 1_000).toISOString();
+    const after = await apply(app, { action_type: "DEPLOY", status: "failed", error_message: "The agent failed: [not_found] App has no branch 'main'", created_at: queuedBefore });
+    expect(after).toMatchObject({ deployStatus: "undeployed", lastDeployActionId: null, lastDeployStatus: null, lastDeployError: null });
+    const ours = await apply(app, { action_type: "DEPLOY", status: "in_progress", image_tag: "main-1", created_at: new Date().toISOString() });
+    expect(ours).toMatchObject({ deployStatus: "deploying", lastDeployStatus: "in_progress" });
+  });
+
   it("a completed DEPLOY makes it running with the release's tag, completion time and build id", async () => {
     const app = await registerApp();
     const buildId = randomUUID();

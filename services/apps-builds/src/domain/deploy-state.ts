@@ -41,6 +41,8 @@ export interface DeployActionUpdate {
   image_tag?: string | null;
   build_id?: string | null;
   error_message?: string | null;
+  /** When the action was queued; absent from updates written before it was announced. */
+  created_at?: string | null;
   /** Null while no agent has claimed the action: one that ends unclaimed never ran. */
   claimed_at?: string | null;
   completed_at?: string | null;
@@ -82,6 +84,10 @@ function serving(app: App, u: DeployActionUpdate, since: Date): void {
 export async function applyDeployUpdate(em: EntityManager, u: DeployActionUpdate): Promise<App | null> {
   const app = await em.findOne(App, { groupSlug: u.group_slug, appName: u.app_name, branch: u.branch });
   if (!app) return null;
+  // An action queued before this registration of the branch was an earlier one's, deleted since
+  // (one that slipped in as it was deleted ends failed, its branch gone): it is not this one's state.
+  const created = u.created_at ? new Date(u.created_at) : null;
+  if (created && created < app.createdAt) return app;
   // Updates can arrive out of order (relay replicas, a redelivered batch): one older than what
   // the app shows would put back a state that has passed, e.g. deploying after running.
   const at = u.updated_at ? new Date(u.updated_at) : null;

@@ -19,6 +19,8 @@ export interface ActionUpdated {
   app_name: string;
   branch: string;
   group_slug: string;
+  /** When the action was queued: apps-builds leaves alone the branch registered again after it. */
+  created_at: string | null;
   claimed_at: string | null;
   completed_at: string | null;
   /** When the route moved to the new release (the point of no return): it serves from then on. */
@@ -102,6 +104,7 @@ export type AnnouncedAction = Pick<
   | "appName"
   | "branch"
   | "groupSlug"
+  | "createdAt"
   | "claimedAt"
   | "completedAt"
   | "swapCommittedAt"
@@ -125,6 +128,7 @@ export function actionUpdated(action: AnnouncedAction, now: Date): ActionUpdated
     app_name: action.appName,
     branch: action.branch,
     group_slug: action.groupSlug,
+    created_at: iso(action.createdAt),
     claimed_at: iso(action.claimedAt),
     completed_at: iso(action.completedAt),
     swap_committed_at: iso(action.swapCommittedAt),
