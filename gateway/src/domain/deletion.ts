@@ -2,14 +2,17 @@
  * Deleting a branch (DELETE /api/apps/{app}) while an action of it is queued or running: a deploy
  * accepted but not yet claimed would start replicas and a route for a branch no route of the API
  * could reach any more (audit P). apps-builds refuses what it knows of (a running release, a
- * build in flight); the queue's live actions are deploy-queue's, asked first. A preflight does
- * not hold a deletion: it only reads the repository.
+ * build in flight: `build_in_flight`, with the build's id); the queue's other live actions are
+ * deploy-queue's, asked first. A preflight does not hold a deletion: it only reads the repository.
  */
 import type { Action } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
 
+/** A preflight holds nothing; a build is apps-builds' to refuse (build_in_flight). */
+const LEFT_TO_APPS_BUILDS = new Set(["GIT_PREFLIGHT", "BUILD"]);
+
 export function refuseDeletionDuringAction(live: readonly Pick<Action, "actionId" | "actionType" | "branch" | "status">[], branch: string | undefined): void {
-  const blocking = live.find((a) => a.actionType !== "GIT_PREFLIGHT" && (!branch || a.branch === branch));
+  const blocking = live.find((a) => !LEFT_TO_APPS_BUILDS.has(a.actionType) && (!branch || a.branch === branch));
   if (!blocking) return;
   throw PlatformError.conflict({
     code: "action_in_flight",

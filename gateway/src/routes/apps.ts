@@ -238,7 +238,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
             $ref: "Error#",
             description:
               "`branch_required` (several branches: name one); `app_running` (it serves or may: undeploy it first); `build_in_flight` (a build of the branch has not ended: cancel it or wait; `build_id`); " +
-              "`action_in_flight` (a deploy, undeploy, service action or other queue action of the branch is queued or running, a preflight excepted: cancel it or wait; `action_id`, `action_type`; " +
+              "`action_in_flight` (a deploy, undeploy, service action or other queue action of the branch is queued or running, a preflight and a build excepted: cancel it or wait; `action_id`, `action_type`; " +
               "without ?branch=, any branch's); `production_branch` (promote another first).",
           },
           ...authErrors,
@@ -249,7 +249,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
       const caller = callerOf(request);
-      const live = await queue.listQueue({ caller, appName: app_name, all: false, excludeTypes: ["GIT_PREFLIGHT"], limit: 100 });
+      const live = await queue.listQueue({ caller, appName: app_name, all: false, excludeTypes: ["GIT_PREFLIGHT", "BUILD"], limit: 100 });
       refuseDeletionDuringAction(live.items, branch);
       await apps.deleteApp({ caller, appName: app_name, branch: branch ?? "" });
       return reply.code(204).send();
