@@ -8,11 +8,12 @@
 import type { Action } from "@platform/proto";
 import { PlatformError } from "@platform/errors";
 
-/** A preflight holds nothing; a build is apps-builds' to refuse (build_in_flight). */
-const LEFT_TO_APPS_BUILDS = new Set(["GIT_PREFLIGHT", "BUILD"]);
+/** Left out of the queue's answer: a preflight holds nothing; a build is apps-builds' to refuse (build_in_flight). */
+export const NOT_HOLDING_DELETION = ["GIT_PREFLIGHT", "BUILD"];
 
+/** `live`: the app's queued and running actions, NOT_HOLDING_DELETION left out. */
 export function refuseDeletionDuringAction(live: readonly Pick<Action, "actionId" | "actionType" | "branch" | "status">[], branch: string | undefined): void {
-  const blocking = live.find((a) => !LEFT_TO_APPS_BUILDS.has(a.actionType) && (!branch || a.branch === branch));
+  const blocking = live.find((a) => !branch || a.branch === branch);
   if (!blocking) return;
   throw PlatformError.conflict({
     code: "action_in_flight",

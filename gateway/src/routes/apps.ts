@@ -7,7 +7,7 @@ import { callerOf, requireScopeInNamedGroup } from "../access.ts";
 import { shownRepository } from "@platform/app-config";
 import { PlatformError } from "@platform/errors";
 import { groupLockErrors, authErrors, bodyErrors, commonQuery } from "../schemas.ts";
-import { refuseDeletionDuringAction } from "../domain/deletion.ts";
+import { NOT_HOLDING_DELETION, refuseDeletionDuringAction } from "../domain/deletion.ts";
 
 const orNull = <T>(v: T | undefined) => (v === undefined || v === "" ? null : v);
 
@@ -249,7 +249,7 @@ export function appRoutes(app: FastifyInstance, apps: Client<typeof AppsBuildsSe
       const { app_name } = request.params as { app_name: string };
       const { branch } = request.query as { branch?: string };
       const caller = callerOf(request);
-      const live = await queue.listQueue({ caller, appName: app_name, all: false, excludeTypes: ["GIT_PREFLIGHT", "BUILD"], limit: 100 });
+      const live = await queue.listQueue({ caller, appName: app_name, all: false, excludeTypes: NOT_HOLDING_DELETION, limit: 100 });
       refuseDeletionDuringAction(live.items, branch);
       await apps.deleteApp({ caller, appName: app_name, branch: branch ?? "" });
       return reply.code(204).send();

@@ -669,12 +669,18 @@ export interface BuildsDeleted {
   deletedAt: Date;
 }
 
+/**
+ * A required text field of an event's data, for its parser: an event without it is malformed,
+ * and consumeEvent terminates it rather than have it redelivered.
+ */
+export function eventText(event: string, data: Record<string, unknown>, key: string): string {
+  const v = data[key];
+  if (typeof v !== "string" || v === "") throw new Error(`${event}: ${key} must be a non-empty string`);
+  return v;
+}
+
 export function parseBuildsDeleted(data: Record<string, unknown>): BuildsDeleted {
-  const text = (key: string) => {
-    const v = data[key];
-    if (typeof v !== "string" || v === "") throw new Error(`builds_deleted: ${key} must be a non-empty string`);
-    return v;
-  };
+  const text = (key: string) => eventText("builds_deleted", data, key);
   const ids = data.build_ids;
   if (!Array.isArray(ids) || !ids.every((id) => typeof id === "string")) throw new Error("builds_deleted: build_ids must be a list of strings");
   const deletedAt = typeof data.deleted_at === "string" ? new Date(data.deleted_at) : new Date();

@@ -6,6 +6,7 @@
  * of a release no longer serving is left unsaid, and forgotten at the next tell for the branch.
  */
 import type { EntityManager } from "@platform/db";
+import { eventText } from "@platform/bus";
 import { App } from "../entities/index.ts";
 
 export interface CrashLoop {
@@ -25,11 +26,7 @@ export interface CrashLoopTold extends CrashLoop {
 }
 
 export function parseCrashLoop(data: Record<string, unknown>): CrashLoopTold {
-  const text = (key: string) => {
-    const v = data[key];
-    if (typeof v !== "string" || v === "") throw new Error(`service_crash_loop: ${key} must be a non-empty string`);
-    return v;
-  };
+  const text = (key: string) => eventText("service_crash_loop", data, key);
   if (typeof data.looping !== "boolean") throw new Error("service_crash_loop: looping must be a boolean");
   const crashes = typeof data.crashes === "number" && Number.isInteger(data.crashes) ? data.crashes : 0;
   return {
